@@ -1,0 +1,72 @@
+"""shardstream: build WebDataset tar shards and stream them into PyTorch.
+
+Two halves share one manifest format:
+
+- :func:`build_shards` (``shardstream.shardwriter``) packs an image folder, a CSV/JSONL list or
+  any iterable of samples into tar shards plus ``manifest.json``; it needs no torch.
+- :class:`StreamingDataset` (``shardstream.streaming``) streams shards into a DataLoader with
+  exact, equal, resumable epochs across ranks and workers; it needs torch.
+
+Names are imported lazily, so ``import shardstream`` stays cheap and the writer never imports
+torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from shardstream.errors import (
+    ChecksumMismatchError,
+    ConfigError,
+    DatasetExistsError,
+    DecodeError,
+    DuplicateKeyError,
+    ManifestError,
+    ManifestNotFoundError,
+    ShardFormatError,
+    ShardstreamError,
+    SourceError,
+    StorageError,
+)
+from shardstream.manifest import Manifest, ShardInfo, read_manifest
+
+if TYPE_CHECKING:
+    from shardstream.shardwriter import BuildOptions, build_shards
+    from shardstream.streaming import StreamingDataset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BuildOptions",
+    "ChecksumMismatchError",
+    "ConfigError",
+    "DatasetExistsError",
+    "DecodeError",
+    "DuplicateKeyError",
+    "Manifest",
+    "ManifestError",
+    "ManifestNotFoundError",
+    "ShardFormatError",
+    "ShardInfo",
+    "ShardstreamError",
+    "SourceError",
+    "StorageError",
+    "StreamingDataset",
+    "__version__",
+    "build_shards",
+    "read_manifest",
+]
+
+_LAZY = {
+    "BuildOptions": "shardstream.shardwriter",
+    "build_shards": "shardstream.shardwriter",
+    "StreamingDataset": "shardstream.streaming",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,175 @@
+"""The one module that talks to storage (local disk or any fsspec URL).
+
+Everything else in shardstream passes URLs (or plain paths) and ``storage_options`` here and gets
+back file objects or bytes. Keeping storage behind this boundary is what lets the writer and the
+reader work unchanged on local folders, ``memory://`` in tests and S3 in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+__all__ = [
+    "exists",
+    "is_local",
+    "join",
+    "list_names",
+    "makedirs",
+    "open_atomic_write",
+    "open_read",
+    "read_bytes",
+    "remove",
+    "resolve",
+    "size",
+]
+
+#: Object stores publish an object only when its upload completes, so writing straight to the
+#: final key is already atomic there (a killed multipart upload never becomes visible).
+_ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+StorageOptions = Mapping[str, Any] | None
+
+
+def resolve(url: str | os.PathLike[str], storage_options: StorageOptions = None) -> tuple[Any, str]:
+    """Return ``(filesystem, path)`` for a URL or local path."""
+    fs, path = fsspec.core.url_to_fs(os.fspath(url), **dict(storage_options or {}))
+    return fs, path
+
+
+def is_local(url: str | os.PathLike[str]) -> bool:
+    """True when ``url`` is a plain path or a ``file://`` URL."""
+    text = os.fspath(url)
+    return "://" not in text or text.startswith("file://")
+
+
+def join(base: str | os.PathLike[str], name: str) -> str:
+    """Join a folder URL (or path) and a relative name with exactly one ``/``."""
+    text = os.fspath(base)
+    if is_local(text) and "://" not in text:
+        return os.path.join(text, name)
+    return text.rstrip("/") + "/" + name
+
+
+def open_read(url: str, storage_options: StorageOptions = None) -> IO[bytes]:
+    """Open ``url`` for sequential binary reading."""
+    fs, path = resolve(url, storage_options)
+    return fs.open(path, "rb")  # type: ignore[no-any-return]
+
+
+def read_bytes(url: str, storage_options: StorageOptions = None) -> bytes:
+    """Read a whole (small) object, such as a manifest."""
+    with open_read(url, storage_options) as stream:
+        return stream.read()
+
+
+def exists(url: str, storage_options: StorageOptions = None) -> bool:
+    """True when a file or object exists at ``url``."""
+    fs, path = resolve(url, storage_options)
+    return bool(fs.exists(path))
+
+
+def size(url: str, storage_options: StorageOptions = None) -> int:
+    """Byte size of the file or object at ``url``."""
+    fs, path = resolve(url, storage_options)
+    return int(fs.size(path))
+
+
+def list_names(folder_url: str, storage_options: StorageOptions = None) -> list[str]:
+    """Names (not paths) of the files directly inside a folder, sorted; [] when it is missing."""
+    fs, path = resolve(folder_url, storage_options)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "file"]
+    return sorted(names)
+
+
+def makedirs(folder_url: str, storage_options: StorageOptions = None) -> None:
+    """Create a folder and its parents (a no-op on object stores)."""
+    fs, path = resolve(folder_url, storage_options)
+    fs.makedirs(path, exist_ok=True)
+
+
+def remove(url: str, storage_options: StorageOptions = None, missing_ok: bool = True) -> None:
+    """Delete one file or object."""
+    fs, path = resolve(url, storage_options)
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+@contextlib.contextmanager
+def open_atomic_write(url: str, storage_options: StorageOptions = None) -> Iterator[IO[bytes]]:
+    """Open ``url`` for writing so that it appears complete or not at all.
+
+    Local files are written under a temporary name in the same folder, flushed to disk and then
+    renamed over the target. Object stores are written in place (an object becomes visible only
+    when its upload completes) and the upload is aborted if the block raises. Other fsspec
+    filesystems get a temporary name and a move.
+
+    Example:
+        >>> with open_atomic_write("/tmp/out/data.bin") as f:  # doctest: +SKIP
+        ...     f.write(b"...")
+    """
+    fs, path = resolve(url, storage_options)
+    if isinstance(fs, LocalFileSystem):
+        with _local_atomic_write(path) as stream:
+            yield stream
+        return
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if protocols & _ATOMIC_PUT_PROTOCOLS:
+        stream = fs.open(path, "wb")
+        try:
+            yield stream
+        except BaseException:
+            _discard(stream)
+            raise
+        stream.close()
+        return
+    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with fs.open(temporary, "wb") as stream:
+            yield stream
+        fs.mv(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def _local_atomic_write(path: str) -> Iterator[IO[bytes]]:
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    try:
+        with open(temporary, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def _discard(stream: Any) -> None:
+    """Abort an unfinished object-store upload so that nothing becomes visible."""
+    discard = getattr(stream, "discard", None)
+    if callable(discard):
+        with contextlib.suppress(Exception):
+            discard()
+    # Mark closed without committing: AbstractBufferedFile.close() would complete the upload.
+    with contextlib.suppress(Exception):
+        stream.closed = True

@@ -1,0 +1,180 @@
+"""The dataset manifest: what a finished build wrote, written last.
+
+A dataset folder (or URL prefix) is valid exactly when it holds ``manifest.json``. The manifest
+lists every shard with its sample count, byte size and sha256, so readers can split work exactly
+and ``shardstream verify`` can check every byte. The JSON carries a ``format_version``; readers
+refuse versions they do not know instead of guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardstream import _fs
+from shardstream.errors import ManifestError, ManifestNotFoundError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ShardInfo",
+    "SkippedSample",
+    "read_manifest",
+    "write_manifest",
+]
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "shardstream-manifest"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a dataset.
+
+    Attributes:
+        name: File name relative to the dataset folder, e.g. ``"shard-000000.tar"``.
+        num_samples: Samples (distinct keys) in the shard.
+        num_bytes: Size of the shard file in bytes.
+        sha256: Hex sha256 of the shard file's bytes.
+    """
+
+    name: str
+    num_samples: int
+    num_bytes: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedSample:
+    """A source item left out of the dataset because of ``on_error="skip"``."""
+
+    source: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs to know about a finished dataset.
+
+    Attributes:
+        shards: Every shard, in order.
+        class_names: Class names in label order (label ``i`` is ``class_names[i]``), or ``None``
+            when the source had no class names.
+        settings: The build settings used (limits, seed, resize...), for ``inspect`` and resume.
+        skipped: Source items skipped under ``on_error="skip"``.
+        created_by: The program and version that wrote the dataset.
+        format_version: Manifest format version.
+
+    Example:
+        >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
+        >>> Manifest.from_json(m.to_json()).num_samples
+        2
+    """
+
+    shards: tuple[ShardInfo, ...]
+    class_names: tuple[str, ...] | None = None
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    skipped: tuple[SkippedSample, ...] = ()
+    created_by: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples over all shards."""
+        return sum(shard.num_samples for shard in self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        """Total bytes over all shards."""
+        return sum(shard.num_bytes for shard in self.shards)
+
+    def to_json(self) -> str:
+        """Serialize to indented, key-sorted JSON (stable bytes for equal manifests)."""
+        document = {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "created_by": self.created_by,
+            "num_samples": self.num_samples,
+            "num_bytes": self.num_bytes,
+            "class_names": list(self.class_names) if self.class_names is not None else None,
+            "settings": dict(self.settings),
+            "shards": [dataclasses.asdict(shard) for shard in self.shards],
+            "skipped": [dataclasses.asdict(item) for item in self.skipped],
+        }
+        return json.dumps(document, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str = "manifest") -> Manifest:
+        """Parse manifest JSON; ``where`` names the file in error messages."""
+        try:
+            document = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ManifestError(f"{where}: not valid JSON ({error})") from error
+        if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
+            raise ManifestError(
+                f"{where}: not a shardstream manifest (expected \"format\": \"{FORMAT_NAME}\")"
+            )
+        version = document.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where}: manifest format_version {version!r} is not supported by this release "
+                f"(it reads version {FORMAT_VERSION}); upgrade shardstream"
+            )
+        try:
+            manifest = cls(
+                shards=tuple(ShardInfo(**shard) for shard in document["shards"]),
+                class_names=_optional_names(document.get("class_names")),
+                settings=dict(document.get("settings") or {}),
+                skipped=tuple(SkippedSample(**item) for item in document.get("skipped") or ()),
+                created_by=str(document.get("created_by", "")),
+                format_version=version,
+            )
+        except (KeyError, TypeError) as error:
+            raise ManifestError(f"{where}: malformed manifest ({error!r})") from error
+        if document.get("num_samples", manifest.num_samples) != manifest.num_samples:
+            raise ManifestError(
+                f"{where}: num_samples {document['num_samples']} disagrees with the sum of the "
+                f"shard counts ({manifest.num_samples})"
+            )
+        return manifest
+
+
+def _optional_names(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if names is None else tuple(str(name) for name in names)
+
+
+def read_manifest(dataset_url: str, storage_options: _fs.StorageOptions = None) -> Manifest:
+    """Read ``manifest.json`` from a dataset folder or URL prefix.
+
+    Raises:
+        ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).
+        ManifestError: The manifest is malformed or of an unsupported version.
+
+    Example:
+        >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
+    """
+    url = _fs.join(dataset_url, MANIFEST_NAME)
+    try:
+        text = _fs.read_bytes(url, storage_options)
+    except FileNotFoundError as error:
+        raise ManifestNotFoundError(
+            f"{url}: no manifest. A shardstream dataset is complete only once its manifest is "
+            "written last; run `shardstream build` again with the same arguments to finish an "
+            "interrupted build, or pass shard URLs (a brace pattern) to read shards without one."
+        ) from error
+    return Manifest.from_json(text, where=url)
+
+
+def write_manifest(
+    dataset_url: str, manifest: Manifest, storage_options: _fs.StorageOptions = None
+) -> str:
+    """Atomically write ``manifest.json`` into a dataset folder and return its URL."""
+    url = _fs.join(dataset_url, MANIFEST_NAME)
+    with _fs.open_atomic_write(url, storage_options) as stream:
+        stream.write(manifest.to_json().encode("utf-8"))
+    return url
