@@ -8,6 +8,7 @@ reader work unchanged on local folders, ``memory://`` in tests and S3 in product
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 __all__ = [
+    "ReadOptions",
     "exists",
     "is_local",
     "join",
@@ -35,6 +37,30 @@ __all__ = [
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
 StorageOptions = Mapping[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How shards are read from storage: retries, read-ahead and an optional local cache.
+
+    Attributes:
+        max_attempts: Tries per read (the first included) before :class:`StorageError`.
+        backoff_s: First retry delay; doubles per retry, with jitter, up to ``max_backoff_s``.
+        max_backoff_s: Longest delay between two tries.
+        timeout_s: A read that makes no progress for this long counts as failed (stalls).
+        read_ahead_bytes: Bytes fetched ahead of the reader in a background thread (remote
+            URLs only); 0 turns read-ahead off. Memory per open stream is bounded by this.
+        cache_dir: Local folder that keeps whole remote shards for later epochs, or ``None``.
+        cache_max_bytes: Size limit of ``cache_dir``; least recently used shards are evicted.
+    """
+
+    max_attempts: int = 8
+    backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    timeout_s: float = 60.0
+    read_ahead_bytes: int = 32 * 2**20
+    cache_dir: str | None = None
+    cache_max_bytes: int | None = None
 
 
 def resolve(url: str | os.PathLike[str], storage_options: StorageOptions = None) -> tuple[Any, str]:
@@ -57,8 +83,13 @@ def join(base: str | os.PathLike[str], name: str) -> str:
     return text.rstrip("/") + "/" + name
 
 
-def open_read(url: str, storage_options: StorageOptions = None) -> IO[bytes]:
-    """Open ``url`` for sequential binary reading."""
+def open_read(
+    url: str, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+) -> IO[bytes]:
+    """Open ``url`` for sequential binary reading.
+
+    ``read_options`` (retries, read-ahead, cache) apply to remote URLs; local files are plain.
+    """
     fs, path = resolve(url, storage_options)
     return fs.open(path, "rb")  # type: ignore[no-any-return]
 
