@@ -75,7 +75,9 @@ def encode_member(member_extension: str, value: Any, where: str = "sample") -> b
         try:
             return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
         except TypeError as error:
-            raise SourceError(f"{where}: field {member_extension!r} is not JSON-serializable: {error}")
+            raise SourceError(
+                f"{where}: field {member_extension!r} is not JSON-serializable: {error}"
+            ) from error
     if isinstance(value, np.ndarray) and kind == "npy":
         buffer = io.BytesIO()
         np.save(buffer, value, allow_pickle=False)
@@ -109,7 +111,7 @@ def decode_member(
                 import torch  # only reached when the user opted in
 
                 return torch.load(io.BytesIO(data), weights_only=False)
-            return pickle.loads(data)  # noqa: S301 - the caller opted in with allow_pickle=True
+            return pickle.loads(data)
     except Exception as error:
         raise DecodeError(
             f"{where}: member {member_extension!r} ({len(data)} bytes) does not decode as "

@@ -19,7 +19,8 @@ def encode_image(width: int, height: int, seed: int, fmt: str = "JPEG") -> bytes
     noise = rng.integers(0, 64, size=(height, width, 3), dtype=np.uint8)
     pixels = (base.astype(np.uint16) + noise).clip(0, 255).astype(np.uint8)
     buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    options = {"quality": 90} if fmt == "JPEG" else {}
+    Image.fromarray(pixels, "RGB").save(buffer, format=fmt, **options)
     return buffer.getvalue()
 
 
