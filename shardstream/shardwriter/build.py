@@ -1,0 +1,225 @@
+"""``build_shards``: scan, plan, write chunks in parallel, rename in order, manifest last."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import shardstream
+from shardstream import _fs
+from shardstream.errors import ConfigError, DatasetExistsError
+from shardstream.manifest import Manifest, write_manifest
+from shardstream.shardwriter import state
+from shardstream.shardwriter.execute import run_tasks
+from shardstream.shardwriter.iterables import chunk_samples
+from shardstream.shardwriter.options import BuildOptions
+from shardstream.shardwriter.plan import plan_chunks
+from shardstream.shardwriter.sources import ScannedSource, scan_source
+from shardstream.shardwriter.tasks import ChunkResult, ChunkTask
+
+__all__ = ["ProgressCallback", "build_shards"]
+
+logger = logging.getLogger(__name__)
+
+#: ``progress(items_done, source_bytes_done, total_items, total_bytes)``; totals are ``None``
+#: for iterable sources.
+ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
+
+Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
+
+
+def build_shards(
+    source: Source,
+    dest: str | os.PathLike[str],
+    options: BuildOptions | None = None,
+    *,
+    executor: cf.Executor | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: ProgressCallback | None = None,
+    **overrides: Any,
+) -> Manifest:
+    """Pack a source into WebDataset tar shards plus ``manifest.json`` (written last).
+
+    Args:
+        source: An ImageFolder directory, a ``.csv``/``.jsonl`` list of ``path,label[,...]``,
+            or an iterable of sample dicts ``{"__key__": "a/1", "jpg": b"...", "cls": 3}``
+            (written in the given order: iterables are not shuffled).
+        dest: A local folder or fsspec URL; it must be new, empty, or hold this same build.
+        options: Shard limits, shuffle, re-encoding, error policy; see :class:`BuildOptions`.
+        executor: Runs chunk tasks, e.g. ``distributed.Client(...).get_executor()``. By
+            default ``options.workers`` local processes (or this process when 1). The output
+            is byte-identical whichever runs it; ``options.workers`` bounds tasks in flight.
+        storage_options: Passed to fsspec for ``dest``.
+        progress: Called after each chunk with cumulative items/bytes and totals.
+        **overrides: Any :class:`BuildOptions` field, e.g. ``max_samples_per_shard=1000``.
+
+    Returns:
+        The manifest of the finished dataset.
+
+    Raises:
+        SourceError: An unreadable/corrupt file (``on_error="raise"``), a bad or empty source.
+        DuplicateKeyError: Two samples share a key.
+        DatasetExistsError: DEST holds something else and ``overwrite`` is false.
+
+    Example:
+        >>> manifest = build_shards("data/train", "shards/train", max_samples_per_shard=5000,
+        ...                         workers=4)  # doctest: +SKIP
+        >>> manifest.num_samples, len(manifest.shards)  # doctest: +SKIP
+        (1281167, 257)
+    """
+    options = _resolve_options(options, overrides)
+    dest_url = os.fspath(dest)
+    storage = dict(storage_options) if storage_options else None
+    if isinstance(source, (str, os.PathLike)):
+        scanned = scan_source(source, options.on_error)
+        return _build_from_table(
+            scanned, os.fspath(source), dest_url, options, executor, storage, progress
+        )
+    if isinstance(source, (bytes, Mapping)):
+        raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
+    return _build_from_iterable(source, dest_url, options, executor, storage, progress)
+
+
+def _resolve_options(options: BuildOptions | None, overrides: dict[str, Any]) -> BuildOptions:
+    options = options or BuildOptions()
+    names = {field.name for field in dataclasses.fields(BuildOptions)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ConfigError(f"unknown build options {unknown}; valid: {sorted(names)}")
+    return dataclasses.replace(options, **overrides)
+
+
+def _build_from_table(
+    scanned: ScannedSource,
+    source_path: str,
+    dest: str,
+    options: BuildOptions,
+    executor: cf.Executor | None,
+    storage: dict | None,
+    progress: ProgressCallback | None,
+) -> Manifest:
+    table = scanned.table
+    settings = {
+        **options.output_settings(),
+        "source_kind": scanned.kind,
+        "source_path": os.path.abspath(source_path),
+        "source_fingerprint": table.fingerprint(),
+        "source_items": len(table) + len(scanned.skipped),
+    }
+    existing = state.prepare_destination(dest, settings, options.overwrite, storage)
+    if existing is not None:
+        return existing
+    state_url = _fs.join(dest, state.STATE_FOLDER)
+    chunks = plan_chunks(table, options)
+    logger.info("%s: %d files planned into %d chunks", dest, len(table), len(chunks))
+    done = state.load_chunk_records(state_url, len(chunks), storage)
+    done = state.drop_incomplete(dest, state_url, done, len(chunks), storage)
+    if done:
+        logger.info("%s: resuming; %d of %d chunks already written", dest, len(done), len(chunks))
+    tasks = (
+        ChunkTask(index, state_url, options, storage, table=table.take(indices))
+        for index, indices in enumerate(chunks)
+        if index not in done
+    )
+    tracker = _Tracker(progress, len(table), table.num_bytes)
+    for result in done.values():
+        tracker.add(result)
+    results = dict(done)
+    run_tasks(
+        tasks, lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
+    )
+    return _finish(dest, state_url, results, scanned.class_names, settings, scanned, storage)
+
+
+def _build_from_iterable(
+    samples: Iterable[Mapping[str, Any]],
+    dest: str,
+    options: BuildOptions,
+    executor: cf.Executor | None,
+    storage: dict | None,
+    progress: ProgressCallback | None,
+) -> Manifest:
+    settings = {**options.output_settings(), "shuffle": False, "source_kind": "iterable"}
+    if _fs.exists(_fs.join(dest, "manifest.json"), storage) and not options.overwrite:
+        raise DatasetExistsError(
+            f"{dest}: already holds a dataset, and an iterable source cannot be compared with it "
+            "without consuming it. Choose another destination or pass overwrite=True."
+        )
+    state.prepare_destination(dest, settings, options.overwrite, storage)
+    state_url = _fs.join(dest, state.STATE_FOLDER)
+    done = state.load_chunk_records(state_url, 2**62, storage)
+    tracker = _Tracker(progress, None, None)
+    results: dict[int, ChunkResult] = {}
+
+    def tasks() -> Iterator[ChunkTask]:
+        for index, (chunk, digest) in enumerate(chunk_samples(samples, options)):
+            previous = done.get(index)
+            if (
+                previous is not None
+                and previous.digest == digest
+                and _parts_exist(state_url, previous, storage)
+            ):
+                results[index] = tracker.add(previous)
+                continue
+            yield ChunkTask(index, state_url, options, storage, samples=chunk, digest=digest)
+
+    run_tasks(
+        tasks(), lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
+    )
+    if not results:
+        from shardstream.errors import SourceError
+
+        raise SourceError("the iterable source yielded no samples")
+    return _finish(dest, state_url, results, None, settings, None, storage)
+
+
+def _parts_exist(state_url: str, result: ChunkResult, storage: dict | None) -> bool:
+    return all(_fs.exists(_fs.join(state_url, part.name), storage) for part in result.shards)
+
+
+def _finish(
+    dest: str,
+    state_url: str,
+    results: dict[int, ChunkResult],
+    class_names: tuple[str, ...] | None,
+    settings: dict,
+    scanned: ScannedSource | None,
+    storage: dict | None,
+) -> Manifest:
+    ordered = [results[index] for index in sorted(results)]
+    shards = state.finalize_shards(dest, state_url, ordered, storage)
+    skipped = (scanned.skipped if scanned else ()) + tuple(
+        item for result in ordered for item in result.skipped
+    )
+    if skipped:
+        logger.warning("%s: skipped %d unusable items (listed in the manifest)", dest, len(skipped))
+    manifest = Manifest(
+        shards=tuple(shards),
+        class_names=class_names,
+        settings=settings,
+        skipped=skipped,
+        created_by=f"shardstream {shardstream.__version__}",
+    )
+    write_manifest(dest, manifest, storage)
+    state.remove_state(state_url, storage)
+    logger.info("%s: %d samples in %d shards", dest, manifest.num_samples, len(shards))
+    return manifest
+
+
+class _Tracker:
+    def __init__(
+        self, callback: ProgressCallback | None, total: int | None, total_bytes: int | None
+    ):
+        self._callback, self._total, self._total_bytes = callback, total, total_bytes
+        self.items = self.bytes = 0
+
+    def add(self, result: ChunkResult) -> ChunkResult:
+        self.items += result.num_items
+        self.bytes += result.num_source_bytes
+        if self._callback is not None:
+            self._callback(self.items, self.bytes, self._total, self._total_bytes)
+        return result

@@ -1,0 +1,64 @@
+"""Running chunk tasks: in-process, on local processes, or on any user-supplied executor.
+
+At most ``2 * workers`` tasks are in flight, so memory stays constant however many chunks a
+build has. Results are handed back in completion order; callers order them by chunk index.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from collections.abc import Callable, Iterable
+
+from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
+
+__all__ = ["run_tasks"]
+
+
+def run_tasks(
+    tasks: Iterable[ChunkTask],
+    on_result: Callable[[ChunkResult], None],
+    workers: int = 1,
+    executor: cf.Executor | None = None,
+) -> None:
+    """Run every task and call ``on_result`` with each result as it completes.
+
+    With no ``executor`` and ``workers == 1`` tasks run in this process; with ``workers > 1``
+    a local process pool is started (and shut down) here. A given executor is used as is and
+    left running.
+    """
+    if executor is None and workers == 1:
+        for task in tasks:
+            on_result(write_chunk(task))
+        return
+    own = executor is None
+    pool = executor or cf.ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+    )
+    try:
+        _submit_bounded(pool, tasks, on_result, max_in_flight=2 * workers)
+    finally:
+        if own:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _submit_bounded(
+    pool: cf.Executor,
+    tasks: Iterable[ChunkTask],
+    on_result: Callable[[ChunkResult], None],
+    max_in_flight: int,
+) -> None:
+    pending: set[cf.Future[ChunkResult]] = set()
+    try:
+        for task in tasks:
+            pending.add(pool.submit(write_chunk, task))
+            if len(pending) >= max_in_flight:
+                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    on_result(future.result())
+        for future in cf.as_completed(pending):
+            on_result(future.result())
+    except BaseException:
+        for future in pending:
+            future.cancel()
+        raise

@@ -1,0 +1,79 @@
+"""Build options: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shardstream.errors import ConfigError
+
+__all__ = ["DEFAULT_MAX_BYTES", "BuildOptions"]
+
+DEFAULT_MAX_BYTES = 256 * 10**6
+ON_ERROR_CHOICES = ("raise", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+    """How :func:`~shardstream.shardwriter.build_shards` cuts, orders and encodes samples.
+
+    Attributes:
+        max_samples_per_shard: Most samples in one shard (``None``: no limit but bytes).
+        max_bytes_per_shard: Most bytes in one shard file, tar end blocks included. A single
+            sample larger than this gets a shard of its own (and a warning).
+        workers: Local worker processes when no executor is passed; 1 builds in-process.
+            The output is identical for any value.
+        seed: Seed of the global shuffle (``numpy.random.default_rng(seed)``).
+        shuffle: Shuffle samples across the whole source (file sources only); ``False`` keeps
+            source order.
+        resize: Shrink images so that their shorter side is at most this many pixels, and
+            write JPEG. ``None`` passes the original bytes through.
+        quality: JPEG quality when re-encoding (implies JPEG output); ``None`` means 90 when
+            ``resize`` is set, else no re-encoding.
+        on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
+            it out, logs it and lists it in ``manifest.skipped``.
+        overwrite: Replace a different dataset or unfinished build already in DEST.
+
+    Example:
+        >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes
+        True
+    """
+
+    max_samples_per_shard: int | None = None
+    max_bytes_per_shard: int = DEFAULT_MAX_BYTES
+    workers: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    resize: int | None = None
+    quality: int | None = None
+    on_error: str = "raise"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
+            raise ConfigError(
+                f"max_samples_per_shard must be >= 1, got {self.max_samples_per_shard}"
+            )
+        if self.max_bytes_per_shard < 4096:
+            raise ConfigError(
+                f"max_bytes_per_shard must be >= 4096 bytes, got {self.max_bytes_per_shard}"
+            )
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.resize is not None and self.resize < 1:
+            raise ConfigError(f"resize (shorter side in pixels) must be >= 1, got {self.resize}")
+        if self.quality is not None and not 1 <= self.quality <= 100:
+            raise ConfigError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise ConfigError(f"on_error must be one of {ON_ERROR_CHOICES}, got {self.on_error!r}")
+
+    @property
+    def reencodes(self) -> bool:
+        """True when images are decoded and written again as JPEG."""
+        return self.resize is not None or self.quality is not None
+
+    def output_settings(self) -> dict[str, Any]:
+        """The settings that determine the output bytes (recorded in the manifest)."""
+        settings = dataclasses.asdict(self)
+        del settings["workers"], settings["overwrite"]
+        return settings

@@ -1,0 +1,119 @@
+"""Verify a finished dataset: every shard's bytes, sha256, sample count and member layout."""
+
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from typing import IO, Any
+
+from shardstream import _fs
+from shardstream.errors import ChecksumMismatchError
+from shardstream.manifest import Manifest, ShardInfo, read_manifest
+
+__all__ = ["find_problems", "verify_dataset"]
+
+
+class _HashingReader:
+    """A read-only stream wrapper that hashes and counts what passes through."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self.hash = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.hash.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+
+def verify_dataset(dataset_url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+    """Re-read every shard and compare it with the manifest; return the manifest when all match.
+
+    Raises:
+        ManifestNotFoundError: ``dataset_url`` has no manifest.
+        ChecksumMismatchError: Some shard differs; the message lists every mismatch.
+
+    Example:
+        >>> verify_dataset("shards/train").num_samples  # doctest: +SKIP
+        1281167
+    """
+    manifest = read_manifest(dataset_url, storage_options)
+    problems = find_problems(dataset_url, manifest, storage_options)
+    if problems:
+        raise ChecksumMismatchError(
+            f"{dataset_url}: {len(problems)} problem(s) found:\n  "
+            + "\n  ".join(problems)
+            + "\nRebuild the dataset (shardstream build --overwrite) or restore the shards."
+        )
+    return manifest
+
+
+def find_problems(
+    dataset_url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None
+) -> list[str]:
+    """Every mismatch between the shards and ``manifest``, one message each ([] when none)."""
+    problems: list[str] = []
+    for shard in manifest.shards:
+        problems.extend(check_shard(_fs.join(dataset_url, shard.name), shard, storage_options))
+    return problems
+
+
+def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | None) -> list[str]:
+    """Mismatches of one shard (missing, size, sha256, sample count, member layout)."""
+    try:
+        stream = _fs.open_read(url, storage_options)
+    except FileNotFoundError:
+        return [f"{shard.name}: missing (expected {shard.num_bytes} bytes)"]
+    with stream:
+        reader = _HashingReader(stream)
+        num_samples, layout_problems = _count_samples(reader, shard.name)
+        reader.drain()
+    problems = list(layout_problems)
+    if reader.num_bytes != shard.num_bytes:
+        problems.append(
+            f"{shard.name}: size expected {shard.num_bytes} bytes, found {reader.num_bytes}"
+        )
+    if reader.hash.hexdigest() != shard.sha256:
+        problems.append(
+            f"{shard.name}: sha256 expected {shard.sha256}, found {reader.hash.hexdigest()}"
+        )
+    if num_samples != shard.num_samples:
+        problems.append(f"{shard.name}: samples expected {shard.num_samples}, found {num_samples}")
+    return problems
+
+
+def _count_samples(reader: _HashingReader, name: str) -> tuple[int, list[str]]:
+    problems: list[str] = []
+    finished: set[str] = set()
+    current: str | None = None
+    count = 0
+    try:
+        with tarfile.open(fileobj=reader, mode="r|") as archive:  # type: ignore[call-overload]
+            for member in archive:
+                key = _key_of(member.name)
+                if key is None or not member.isfile():
+                    problems.append(f"{name}: unexpected member {member.name!r} (not KEY.EXT)")
+                    continue
+                if key != current:
+                    if key in finished:
+                        problems.append(f"{name}: samples of key {key!r} are not contiguous")
+                    if current is not None:
+                        finished.add(current)
+                    current, count = key, count + 1
+    except (tarfile.TarError, EOFError, OSError) as error:
+        problems.append(f"{name}: not a valid tar after {reader.num_bytes} bytes ({error})")
+    return count, problems
+
+
+def _key_of(member_name: str) -> str | None:
+    folder, _, base = member_name.rpartition("/")
+    stem, dot, _ = base.partition(".")
+    if not dot or not stem:
+        return None
+    return f"{folder}/{stem}" if folder else stem
