@@ -1,0 +1,19 @@
+"""Streaming half: shard lists, epoch plans, tar reading, shuffling, decoding, the dataset.
+
+Needs torch. ``StreamingDataset`` is the entry point; ``StreamingDataLoader`` adds checkpointable
+positions.
+"""
+
+from __future__ import annotations
+
+from shardstream.streaming.dataset import StreamingDataset, StreamOptions
+from shardstream.streaming.loader import StreamingDataLoader
+from shardstream.streaming.shardlist import ShardSpec, resolve_source
+
+__all__ = [
+    "ShardSpec",
+    "StreamOptions",
+    "StreamingDataLoader",
+    "StreamingDataset",
+    "resolve_source",
+]

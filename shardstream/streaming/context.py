@@ -1,0 +1,62 @@
+"""Where this process sits: rank, world size, DataLoader worker. The only reader of that state.
+
+Everything else in :mod:`shardstream.streaming` takes these numbers as arguments, so it can be
+tested without processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shardstream.errors import ConfigError
+
+__all__ = ["Context", "current_context"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Rank and worker of the calling process.
+
+    Attributes:
+        rank: Rank among ``world_size`` training processes.
+        world_size: Number of training processes.
+        worker: DataLoader worker id, 0 in the main process.
+        num_workers: DataLoader workers per rank, 1 when loading in the main process.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+
+def current_context(rank: int | None = None, world_size: int | None = None) -> Context:
+    """Read rank/world size (arguments, else ``torch.distributed``) and the DataLoader worker.
+
+    Args:
+        rank: Explicit rank; overrides ``torch.distributed``. Give both or neither.
+        world_size: Explicit world size.
+
+    Raises:
+        ConfigError: Only one of ``rank``/``world_size`` was given, or they are inconsistent.
+
+    Example:
+        >>> current_context(rank=1, world_size=4).rank
+        1
+    """
+    import torch.distributed as dist
+    import torch.utils.data
+
+    if (rank is None) != (world_size is None):
+        raise ConfigError("pass both rank and world_size, or neither (to use torch.distributed)")
+    if rank is None or world_size is None:
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            rank, world_size = 0, 1
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        return Context(rank, world_size)
+    return Context(rank, world_size, info.id, info.num_workers)

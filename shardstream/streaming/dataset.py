@@ -1,0 +1,230 @@
+"""StreamingDataset: wires shard list, split plan, worker pipeline, decoding and batching."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch.utils.data
+
+from shardstream import _fs
+from shardstream.errors import ConfigError
+from shardstream.streaming import batch as batching
+from shardstream.streaming.context import Context, current_context
+from shardstream.streaming.decode import min_side_of, split_sample
+from shardstream.streaming.pipeline import WorkerJob, run_worker
+from shardstream.streaming.shardlist import Source, resolve_source
+from shardstream.streaming.split import (
+    Piece,
+    PlanOptions,
+    batches_consumed_per_worker,
+    plan_worker,
+    rank_batch_count,
+    samples_per_rank,
+    shard_order,
+    worker_batch_counts,
+)
+
+__all__ = ["StreamOptions", "StreamingDataset"]
+
+logger = logging.getLogger("shardstream.streaming")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamOptions:
+    """Less common settings of :class:`StreamingDataset`.
+
+    Attributes:
+        shuffle_buffer: Samples held by the shuffle buffer (encoded bytes; bounds memory).
+        num_open: Pieces each worker reads at once when shuffling (mixes class-ordered shards).
+        piece_size: Longest run of consecutive samples taken from one place of a shard.
+        block_size: Samples dealt to a worker at a time (rounded up to the batch size).
+        rank: This process's rank; with ``world_size`` overrides ``torch.distributed``.
+        world_size: Number of ranks.
+        output: ``"pair"`` yields ``(image, label)``; ``"dict"`` yields every field.
+        allow_pickle: Unpickle ``.pyd``/``.pth`` members (runs code from the data; opt in only
+            for data you trust).
+        storage_options: fsspec options for remote URLs.
+        read_options: Retries, read-ahead and cache for remote reads.
+    """
+
+    shuffle_buffer: int = 1000
+    num_open: int = 32
+    piece_size: int = 16
+    block_size: int = 64
+    rank: int | None = None
+    world_size: int | None = None
+    output: str = "pair"
+    allow_pickle: bool = False
+    storage_options: Mapping[str, Any] | None = None
+    read_options: _fs.ReadOptions | None = None
+
+
+class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Stream WebDataset shards into PyTorch with exact, equal and resumable epochs.
+
+    With a manifest (a folder written by :func:`shardstream.build_shards`), every rank yields the
+    same number of samples and batches per epoch, ``len()`` says how many (batches when
+    ``batch_size`` is set, else samples, per rank), and a :class:`StreamingDataLoader` can resume
+    mid-epoch. Without one (a brace pattern or a URL list, e.g. shards from other tools), counts
+    are unknown: there is no ``len()``, ranks may get different counts, and whole shards are
+    dealt to ranks and workers.
+
+    Args:
+        source: Dataset folder/URL with ``manifest.json``, a brace pattern of shard URLs, or a
+            list of shard URLs.
+        shuffle: Shuffle shard order, pieces and samples per epoch (seeded; see ``set_epoch``).
+        seed: Seed of every random choice; identical on every rank.
+        decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor) or ``f(bytes, ext)``.
+        transform: Applied to each decoded image (torchvision v2 transforms work).
+        batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
+            batch_size=None)``); None yields single samples.
+        policy: ``"pad"`` (every sample at least once, < world_size repeated) or ``"drop"``
+            (every sample at most once, < world_size left out).
+        on_error: ``"raise"`` (default) or ``"skip"`` corrupt samples and truncated shards,
+            logging and counting them.
+        options: Less common settings, see :class:`StreamOptions`.
+
+    Example:
+        >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
+        >>> loader = StreamingDataLoader(ds, num_workers=8, pin_memory=True)  # doctest: +SKIP
+        >>> for epoch in range(90):  # doctest: +SKIP
+        ...     ds.set_epoch(epoch)
+        ...     for images, labels in loader: ...
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        transform: Callable[[Any], Any] | None = None,
+        batch_size: int | None = None,
+        policy: str = "pad",
+        on_error: str = "raise",
+        options: StreamOptions | None = None,
+    ) -> None:
+        self.options = options or StreamOptions()
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if self.options.output not in ("pair", "dict"):
+            raise ConfigError(f"output must be 'pair' or 'dict', got {self.options.output!r}")
+        self.plan = PlanOptions(
+            seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
+        )
+        self.shards, self.manifest = resolve_source(source, self.options.storage_options)
+        self.decode, self.transform, self.batch_size = decode, transform, batch_size
+        self.on_error = on_error
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None
+        self._min_side = min_side_of(transform) if transform is not None else None
+
+    @property
+    def has_counts(self) -> bool:
+        """True when sample counts are known (the source had a manifest)."""
+        return self.manifest is not None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (shard order and shuffles); call before iterating each epoch."""
+        self.epoch = int(epoch)
+
+    def resume_at(self, epoch: int, batches_consumed: int) -> None:
+        """Make the next iteration of ``epoch`` skip what this rank's loader already consumed.
+
+        Used by :class:`StreamingDataLoader`; "batches" are samples when ``batch_size`` is None.
+        """
+        self.set_epoch(epoch)
+        self._resume = (int(epoch), int(batches_consumed))
+
+    def samples_per_rank(self, context: Context | None = None) -> int:
+        """Samples each rank yields per epoch (requires a manifest)."""
+        context = context or current_context(self.options.rank, self.options.world_size)
+        return samples_per_rank(self._num_samples(), context.world_size, self.plan.policy)
+
+    def __len__(self) -> int:
+        """Batches per rank per epoch when ``batch_size`` is set, else samples per rank."""
+        per_rank = self.samples_per_rank()
+        return rank_batch_count(per_rank, self.plan) if self.batch_size else per_rank
+
+    def _num_samples(self) -> int:
+        if self.manifest is None:
+            raise TypeError(
+                "this StreamingDataset has no manifest (it reads a shard pattern or URL list), so "
+                "its length is unknown; build with shardstream (or add a manifest) for len(), "
+                "equal per-rank counts and exact epochs"
+            )
+        return self.manifest.num_samples
+
+    def __iter__(self) -> Iterator[Any]:
+        context = current_context(self.options.rank, self.options.world_size)
+        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
+        consumed = resume[1] if resume else 0
+        job = self._job(context, consumed)
+        opener = functools.partial(
+            _fs.open_read,
+            storage_options=self.options.storage_options,
+            read_options=self.options.read_options,
+        )
+        collate = (
+            batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
+        )
+        return run_worker(job, opener, self._convert, self.batch_size, collate)
+
+    def _job(self, context: Context, consumed_batches: int) -> WorkerJob:
+        worker_count = context.num_workers
+        if self.manifest is not None:
+            counts = [spec.num_samples or 0 for spec in self.shards]
+            pieces = plan_worker(
+                counts,
+                self.epoch,
+                context.rank,
+                context.world_size,
+                context.worker,
+                worker_count,
+                self.plan,
+            )
+            batch_counts = worker_batch_counts(
+                self.samples_per_rank(context), worker_count, self.plan
+            )
+        else:
+            pieces = self._whole_shards(context)
+            batch_counts = [consumed_batches + worker_count] * worker_count  # unknown: no ends
+        taken = batches_consumed_per_worker(batch_counts, consumed_batches)[context.worker]
+        return WorkerJob(
+            urls=tuple(spec.url for spec in self.shards),
+            pieces=tuple(pieces),
+            seed=(self.plan.seed, self.epoch, context.rank, context.worker),
+            shuffle=self.plan.shuffle,
+            num_open=self.options.num_open,
+            buffer_size=self.options.shuffle_buffer,
+            skip_samples=taken * self.plan.batch_size,
+            on_error=self.on_error,
+        )
+
+    def _whole_shards(self, context: Context) -> list[Piece]:
+        slots = context.world_size * context.num_workers
+        slot = context.rank * context.num_workers + context.worker
+        if len(self.shards) < slots:
+            logger.warning(
+                "%d shards for %d ranks x workers and no manifest: some workers get no data and "
+                "ranks may see different sample counts",
+                len(self.shards),
+                slots,
+            )
+        order = shard_order(len(self.shards), self.plan.seed, self.epoch, self.plan.shuffle)
+        return [Piece(shard, 0, -1) for shard in order[slot::slots]]
+
+    def _convert(self, sample: dict[str, Any]) -> Any:
+        image, label, fields = split_sample(
+            sample, self.decode, self._min_side, self.options.allow_pickle
+        )
+        if self.transform is not None and image is not None:
+            image = self.transform(image)
+        if self.options.output == "pair":
+            return image, label
+        return {**fields, "image": image, "label": label}

@@ -1,0 +1,164 @@
+"""What one DataLoader worker runs: open pieces, interleave, shuffle, decode, batch.
+
+The stages work on sample references first, so a worker that resumes at sample ``p`` replays the
+interleave and shuffle draws on integers (no I/O) to find their exact state, then re-reads only
+the samples that the shuffle buffer held (bounded replay).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from shardstream.errors import DecodeError, ShardFormatError, StorageError
+from shardstream.streaming.interleave import Interleave
+from shardstream.streaming.pieces import OffsetIndex, Opener, read_piece
+from shardstream.streaming.shuffle import ShuffleBuffer
+from shardstream.streaming.split import Piece
+
+__all__ = ["WorkerJob", "build_stages", "fast_forward", "guard_piece", "run_worker"]
+
+logger = logging.getLogger("shardstream.streaming")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerJob:
+    """Everything one worker needs for one epoch (plain values, cheap to build).
+
+    Attributes:
+        urls: Shard URLs; ``Piece.shard`` indexes into it.
+        pieces: Pieces to read; ``stop == -1`` means "to the end" (no manifest).
+        seed: Seed sequence ``[seed, epoch, rank, worker]``.
+        shuffle: Shuffle (random piece order, interleave, buffer) or read in plan order.
+        num_open: Pieces read at once when shuffling.
+        buffer_size: Shuffle buffer size in samples.
+        skip_samples: Samples of this worker already consumed (resume).
+        on_error: ``"raise"`` or ``"skip"``.
+    """
+
+    urls: tuple[str, ...]
+    pieces: tuple[Piece, ...]
+    seed: tuple[int, ...]
+    shuffle: bool
+    num_open: int
+    buffer_size: int
+    skip_samples: int = 0
+    on_error: str = "raise"
+
+    @property
+    def lengths(self) -> list[int | None]:
+        """Samples per piece, None where unknown."""
+        return [None if p.stop < 0 else p.num_samples for p in self.pieces]
+
+
+def guard_piece(
+    samples: Iterator[Any], url: str, count: int | None, on_error: str, skipped: list[int]
+) -> Iterator[Any]:
+    """Pass samples through; with ``on_error="skip"`` turn a broken shard into counted gaps.
+
+    The rest of a broken piece becomes ``None`` placeholders, so batch boundaries (and thus the
+    equal batch counts across ranks) do not move.
+    """
+    produced = 0
+    try:
+        for sample in samples:
+            produced += 1
+            yield sample
+    except (ShardFormatError, StorageError) as error:
+        if on_error != "skip":
+            raise
+        missing = 1 if count is None else count - produced
+        skipped[0] += missing
+        logger.warning("skipping %d sample(s): %s", missing, error)
+        if count is not None:
+            yield from itertools.repeat(None, count - produced)
+
+
+def build_stages(
+    job: WorkerJob, open_piece: Callable[[int, int, int], Iterator[Any]]
+) -> ShuffleBuffer:
+    """Interleave the job's pieces and put a shuffle buffer behind them."""
+    source = Interleave(job.lengths, open_piece, job.num_open, job.seed, job.shuffle)
+    return ShuffleBuffer(source, job.buffer_size if job.shuffle else 1, job.seed)
+
+
+def fast_forward(job: WorkerJob) -> dict[str, Any]:
+    """The stages' state after ``job.skip_samples`` samples, found by replaying on integers."""
+    stages = build_stages(job, lambda piece, start, stop: itertools.repeat(None, stop - start))
+    for _ in itertools.islice(iter(stages), job.skip_samples):
+        pass
+    return stages.state_dict()
+
+
+def _real_opener(
+    job: WorkerJob, opener: Opener, skipped: list[int]
+) -> Callable[..., Iterator[Any]]:
+    index = OffsetIndex()
+
+    def open_piece(number: int, start: int, stop: int) -> Iterator[Any]:
+        piece = job.pieces[number]
+        url = job.urls[piece.shard]
+        end = None if stop < 0 else piece.start + stop
+        samples = read_piece(url, piece.start + start, end, opener, index)
+        return guard_piece(
+            samples, url, None if end is None else stop - start, job.on_error, skipped
+        )
+
+    return open_piece
+
+
+def run_worker(
+    job: WorkerJob,
+    opener: Opener,
+    convert: Callable[[dict[str, Any]], Any],
+    batch_size: int | None,
+    collate: Callable[[Sequence[Any]], Any],
+) -> Iterator[Any]:
+    """Yield converted samples (or collated batches of ``batch_size`` slots) for one worker.
+
+    A batch is ``batch_size`` consecutive slots of the shuffled stream; skipped samples leave
+    the batch shorter rather than shifting later batches, so every rank keeps the same number
+    of batches.
+    """
+    skipped = [0]
+    stages = build_stages(job, _real_opener(job, opener, skipped))
+    known = all(length is not None for length in job.lengths)
+    if job.skip_samples and known:
+        stages.load_state_dict(fast_forward(job))
+    slots: Iterator[Any] = (sample for _, sample in stages)
+    if job.skip_samples and not known:  # no manifest: replay and skip (read, not decoded)
+        slots = itertools.islice(slots, job.skip_samples, None)
+    size = batch_size or 1
+    while True:
+        chunk = list(itertools.islice(slots, size))
+        if not chunk:
+            break
+        converted = [_convert(sample, convert, job.on_error, skipped) for sample in chunk]
+        kept = [value for value in converted if value is not None]
+        if batch_size is None:
+            yield from kept
+        elif kept:
+            yield collate(kept)
+        else:
+            raise DecodeError(
+                f"all {len(chunk)} samples of one batch failed to load (see the log); an empty "
+                "batch cannot be collated. Check the shards with `shardstream verify`."
+            )
+    if skipped[0]:
+        logger.warning("worker %s skipped %d sample(s) this epoch", job.seed[2:], skipped[0])
+
+
+def _convert(sample: Any, convert: Callable[[Any], Any], on_error: str, skipped: list[int]) -> Any:
+    if sample is None:
+        return None
+    try:
+        return convert(sample)
+    except DecodeError as error:
+        if on_error != "skip":
+            raise
+        skipped[0] += 1
+        logger.warning("skipping sample: %s", error)
+        return None
