@@ -1,0 +1,94 @@
+"""The shardstream command line: build, inspect, verify, and size parsing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from shardstream.cli import main, parse_size
+
+
+def test_parse_size_accepts_units():
+    assert parse_size("256MB") == 256_000_000
+    assert parse_size("1GiB") == 2**30
+    assert parse_size("1000000") == 1_000_000
+    assert parse_size("1.5kb") == 1500
+    with pytest.raises(argparse.ArgumentTypeError, match="invalid size"):
+        parse_size("12 parsecs")
+
+
+def test_build_inspect_verify(image_folder, tmp_path, capsys):
+    dest = str(tmp_path / "out")
+    assert (
+        main(
+            [
+                "build",
+                str(image_folder),
+                dest,
+                "--max-samples-per-shard",
+                "5",
+                "--max-bytes-per-shard",
+                "1MB",
+                "--workers",
+                "2",
+                "--seed",
+                "3",
+                "-q",
+            ]
+        )
+        == 0
+    )
+    assert "12 samples in 3 shards" in capsys.readouterr().out
+    assert main(["inspect", dest]) == 0
+    out = capsys.readouterr().out
+    assert "samples:  12" in out and "classes:  3 (class_00, class_01, class_02)" in out
+    assert main(["inspect", dest, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["seed"] == 3
+    assert main(["verify", dest]) == 0
+    assert "OK, 3 shards, 12 samples" in capsys.readouterr().out
+
+
+def test_verify_exits_non_zero_listing_mismatches(image_folder, tmp_path, capsys):
+    dest = tmp_path / "out"
+    assert main(["build", str(image_folder), str(dest), "--max-samples-per-shard", "5"]) == 0
+    shard = dest / "shard-000002.tar"
+    shard.write_bytes(shard.read_bytes()[:-1024])
+    capsys.readouterr()
+    assert main(["verify", str(dest)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH shard-000002.tar: size expected" in out
+
+
+def test_errors_are_one_clear_line(tmp_path, capsys):
+    assert main(["build", str(tmp_path / "missing"), str(tmp_path / "out")]) == 1
+    assert "error:" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert "no manifest" in capsys.readouterr().err
+
+
+def test_resize_and_skip_flags(make_image_folder, tmp_path, capsys):
+    root = make_image_folder(num_classes=2, per_class=3)
+    (root / "class_00" / "broken.jpg").write_bytes(b"nope")
+    assert (
+        main(
+            [
+                "build",
+                str(root),
+                str(tmp_path / "out"),
+                "--resize",
+                "16",
+                "--quality",
+                "70",
+                "--on-error",
+                "skip",
+                "--no-shuffle",
+            ]
+        )
+        == 0
+    )
+    assert "6 samples in 1 shards" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:
+        main(["build", str(root), str(tmp_path / "out2"), "--seed", "1", "--no-shuffle"])
+    assert usage.value.code == 2
