@@ -3,10 +3,11 @@
 Modes: ``"raw"`` keeps image bytes, ``"pil"`` gives ``PIL.Image`` (RGB), ``"rgb8"`` gives a
 ``uint8`` tensor of shape ``(3, H, W)``, or pass any callable ``f(bytes, extension) -> value``.
 
-Speed: JPEGs go through ``torchvision.io.decode_jpeg`` (libjpeg-turbo, measured ~20% faster than
-PIL on ImageNet-sized images). When the transform will shrink every image to at least
-``min_side`` pixels anyway (see :func:`min_side_of`), large JPEGs are decoded at a reduced DCT
-scale (PIL ``draft``), which is several times faster and loses nothing the transform keeps.
+Speed: images are decoded by Pillow (libjpeg-turbo). ``torchvision.io.decode_jpeg`` measured
+~20% faster on ImageNet-sized JPEGs, but torchvision 0.29 deprecates it (a warning per call), so
+it is not used. When the transform will shrink every image to at least ``min_side`` pixels
+anyway (see :func:`min_side_of`), large JPEGs are decoded at a reduced DCT scale (Pillow
+``draft``), which is several times faster and loses nothing the transform keeps.
 """
 
 from __future__ import annotations
@@ -57,11 +58,6 @@ def decode_image(data: bytes, extension: str, mode: str, min_side: int | None = 
     from PIL import Image
 
     is_jpeg = codecs.extension_of(extension) in ("jpg", "jpeg")
-    if mode == "rgb8" and is_jpeg and min_side is None:
-        import torch
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
     image = Image.open(io.BytesIO(data))
     if is_jpeg and min_side is not None and min(image.size) >= 2 * min_side:
         image.draft("RGB", (min_side, min_side))

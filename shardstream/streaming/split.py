@@ -104,8 +104,8 @@ def samples_per_rank(num_samples: int, world_size: int, policy: str = "pad") -> 
 def _block(num_rank_samples: int, num_workers: int, options: PlanOptions) -> int:
     """Block size: a multiple of the batch size, small enough that every worker gets data."""
     batch = options.batch_size
-    per_worker = -(-num_rank_samples // max(1, num_workers))
-    wanted = min(-(-options.block_size // batch), -(-per_worker // batch))
+    full_batches_per_worker = num_rank_samples // batch // max(1, num_workers)
+    wanted = min(-(-options.block_size // batch), full_batches_per_worker)
     return batch * max(1, wanted)
 
 

@@ -1,0 +1,113 @@
+"""StreamingDataset end to end: manifests, patterns, workers, ranks, errors, round trips."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardstream.errors import ManifestNotFoundError, ShardFormatError
+from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from tests.streaming.shards import keys_of, make_dataset, tiny_jpeg
+
+DICT = StreamOptions(output="dict")
+
+
+def test_single_process_epoch_and_len(tmp_path: pathlib.Path) -> None:
+    root, manifest = make_dataset(tmp_path, 40, 7)
+    ds = StreamingDataset(root, batch_size=4, options=DICT)
+    assert len(ds) == 10
+    batches = list(ds)
+    assert len(batches) == 10 and batches[0]["image"].shape == (4, 3, 12, 16)
+    assert sorted(keys_of(batches)) == [f"s{i:06d}" for i in range(40)]
+    assert batches[0]["json"][0].keys() == {"index"}
+    images, labels = next(iter(StreamingDataset(root, batch_size=4)))
+    assert labels.dtype == torch.int64 and images.dtype == torch.uint8
+
+
+def test_epochs_are_seeded(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 40, 7)
+    ds = StreamingDataset(root, options=DICT, seed=1)
+    first = keys_of(ds)
+    assert keys_of(ds) == first
+    ds.set_epoch(1)
+    assert keys_of(ds) != first and sorted(keys_of(ds)) == sorted(first)
+    ordered = keys_of(StreamingDataset(root, options=DICT, shuffle=False))
+    assert ordered == sorted(ordered)
+
+
+def test_dataloader_workers_cover_the_epoch(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 40, 7)
+    ds = StreamingDataset(root, batch_size=3, options=DICT)
+    loader = DataLoader(ds, batch_size=None, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == len(ds)
+    assert sorted(keys_of(batches)) == [f"s{i:06d}" for i in range(40)]
+
+
+@pytest.mark.parametrize("policy", ["pad", "drop"])
+def test_ranks_by_argument_are_equal_and_cover(tmp_path: pathlib.Path, policy: str) -> None:
+    root, _ = make_dataset(tmp_path, 10, 7)  # 2 shards for 3 ranks x 2 workers
+    seen: collections.Counter[str] = collections.Counter()
+    sizes = set()
+    for rank in range(3):
+        options = StreamOptions(output="dict", rank=rank, world_size=3)
+        ds = StreamingDataset(root, batch_size=2, policy=policy, options=options)
+        batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+        sizes.add((len(batches), len(ds)))
+        seen.update(keys_of(batches))
+    assert len(sizes) == 1 and next(iter(sizes))[0] == next(iter(sizes))[1]
+    if policy == "pad":
+        assert len(seen) == 10 and sum(seen.values()) == 12
+    else:
+        assert max(seen.values()) == 1 and len(seen) == 9
+
+
+def test_patterns_without_manifest_have_no_len(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 20, 7)
+    ds = StreamingDataset(str(root / "shard-{000000..000002}.tar"), options=DICT)
+    with pytest.raises(TypeError, match="no manifest"):
+        len(ds)
+    assert sorted(keys_of(ds)) == [f"s{i:06d}" for i in range(20)]
+    with pytest.raises(ManifestNotFoundError):
+        StreamingDataset(tmp_path)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # webdataset's files
+def test_webdataset_shards_stream_and_ours_read_by_webdataset(tmp_path: pathlib.Path) -> None:
+    import webdataset as wds
+
+    for shard in range(2):
+        with wds.TarWriter(str(tmp_path / f"w-{shard}.tar")) as sink:
+            for index in range(5):
+                sink.write({"__key__": f"d/{shard}-{index}", "jpg": tiny_jpeg(index), "cls": shard})
+    ds = StreamingDataset(str(tmp_path / "w-{0..1}.tar"), batch_size=5)
+    labels = sorted(int(x) for _, y in ds for x in y)
+    assert labels == [0] * 5 + [1] * 5
+    root, _ = make_dataset(tmp_path, 12, 5)
+    pipeline = wds.WebDataset(str(root / "shard-{000000..000002}.tar"), shardshuffle=False)
+    ours = sorted(keys_of(StreamingDataset(root, options=DICT)))
+    assert sorted(s["__key__"] for s in pipeline) == ours
+
+
+def test_on_error_skip_counts_and_keeps_batch_count(tmp_path: pathlib.Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    root, _ = make_dataset(tmp_path, 14, 7)
+    shard = root / "shard-000001.tar"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ShardFormatError, match="shard-000001.tar"):
+        list(StreamingDataset(root, batch_size=2))
+    ds = StreamingDataset(root, batch_size=2, on_error="skip", options=DICT)
+    batches = list(ds)
+    assert len(batches) == len(ds) == 7
+    assert 7 <= len(keys_of(batches)) < 14
+    assert "skipped" in caplog.text
+
+
+def test_loader_refuses_double_batching(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 10, 7)
+    with pytest.raises(ValueError, match="batch_size"):
+        StreamingDataLoader(StreamingDataset(root, batch_size=2), batch_size=4)

@@ -1,0 +1,120 @@
+"""Tar reading: shards from webdataset, GNU tar, gzip, PAX; truncation and corruption."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import shutil
+import subprocess
+import tarfile
+
+import pytest
+
+from shardstream.errors import ShardFormatError
+from shardstream.streaming.pieces import OffsetIndex, read_piece
+from shardstream.streaming.tario import iter_samples, open_tar, split_key
+from tests.streaming.shards import tiny_jpeg
+
+
+def _read(path: pathlib.Path) -> list[dict]:
+    with open(path, "rb") as stream:
+        return [sample for sample, _ in iter_samples(open_tar(stream, str(path)))]
+
+
+def test_split_key_follows_webdataset_rule() -> None:
+    assert split_key("a/b/x.seg.png") == ("a/b/x", "seg.png")
+    assert split_key("x.jpg") == ("x", "jpg")
+    for skipped in (".hidden.jpg", "a/.DS_Store", "__MACOSX/x.jpg", "README", "dir/", "x."):
+        assert split_key(skipped) is None
+
+
+def test_reads_webdataset_written_shard(tmp_path: pathlib.Path) -> None:
+    import webdataset as wds
+
+    path = tmp_path / "wds.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for index in range(5):
+            sink.write({"__key__": f"dir/k{index}", "jpg": tiny_jpeg(index), "cls": index})
+    samples = _read(path)
+    assert [s["__key__"] for s in samples] == [f"dir/k{i}" for i in range(5)]
+    assert samples[2]["cls"] == b"2" and samples[2]["jpg"] == tiny_jpeg(2)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="needs the tar command")
+@pytest.mark.parametrize("flags,name", [("cf", "s.tar"), ("czf", "s.tar.gz")])
+def test_reads_gnu_tar_with_dirs_dotfiles_and_missing_labels(
+    tmp_path: pathlib.Path, flags: str, name: str
+) -> None:
+    tree = tmp_path / "tree"
+    (tree / "cats" / "deep").mkdir(parents=True)
+    (tree / "__MACOSX").mkdir()
+    (tree / "cats" / "a.jpg").write_bytes(tiny_jpeg(1))
+    (tree / "cats" / "a.cls").write_bytes(b"1")
+    (tree / "cats" / "deep" / "b.jpg").write_bytes(tiny_jpeg(2))  # no label
+    (tree / "cats" / ".DS_Store").write_bytes(b"junk")
+    (tree / "__MACOSX" / "c.jpg").write_bytes(b"junk")
+    long_dir = tree / ("x" * 120)
+    long_dir.mkdir()
+    (long_dir / "c.jpg").write_bytes(tiny_jpeg(3))
+    members = ["cats/a.jpg", "cats/a.cls", "cats/deep", "cats/.DS_Store", "__MACOSX",
+               f"{'x' * 120}/c.jpg"]
+    subprocess.run(["tar", flags, str(tmp_path / name), *members], cwd=tree, check=True)
+    samples = _read(tmp_path / name)
+    keys = [s["__key__"] for s in samples]
+    assert keys == ["cats/a", "cats/deep/b", f"{'x' * 120}/c"]
+    assert "cls" not in samples[1] and samples[2]["jpg"] == tiny_jpeg(3)
+
+
+def test_reads_pax_long_names(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "pax.tar"
+    name = "d" * 150 + "/sample.jpg"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(tiny_jpeg(0))
+        info.pax_headers = {"comment": "é"}
+        tar.addfile(info, io.BytesIO(tiny_jpeg(0)))
+    assert [s["__key__"] for s in _read(path)] == ["d" * 150 + "/sample"]
+
+
+def _shard(tmp_path: pathlib.Path, count: int = 6) -> pathlib.Path:
+    import webdataset as wds
+
+    path = tmp_path / "shard.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for index in range(count):
+            sink.write({"__key__": f"k{index}", "jpg": tiny_jpeg(index), "cls": index})
+    return path
+
+
+def test_truncated_shard_names_shard_key_and_offset(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2 + 100])
+    with pytest.raises(ShardFormatError, match=r"shard\.tar.*(offset \d+).*key 'k\d'"):
+        _read(path)
+
+
+def test_corrupt_header_is_reported(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[0:20] = b"garbage-garbage-garb"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match="no valid tar header at byte offset 0"):
+        _read(path)
+
+
+def _open(url: str) -> io.BufferedReader:
+    return open(url, "rb")
+
+
+def test_pieces_seek_with_the_offset_index(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path, 9)
+    index = OffsetIndex()
+    keys = [s["__key__"] for s in read_piece(str(path), 5, 8, _open, index)]
+    assert keys == ["k5", "k6", "k7"]
+    assert [s["__key__"] for s in read_piece(str(path), 2, 4, _open, index)] == ["k2", "k3"]
+    assert [s["__key__"] for s in read_piece(str(path), 7, None, _open, index)] == ["k7", "k8"]
+    with pytest.raises(ShardFormatError, match="manifest says"):
+        list(read_piece(str(path), 0, 12, _open, index))
+    with pytest.raises(ShardFormatError, match="manifest says"):
+        list(read_piece(str(path), 11, 12, _open, OffsetIndex()))
