@@ -21,6 +21,7 @@ from shardstream.streaming.split import (
     Piece,
     PlanOptions,
     batches_consumed_per_worker,
+    next_worker,
     plan_worker,
     rank_batch_count,
     samples_per_rank,
@@ -177,6 +178,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
 
     def _job(self, context: Context, consumed_batches: int) -> WorkerJob:
         worker_count = context.num_workers
+        batch_counts = self._batch_counts(context, consumed_batches)
+        rotation = next_worker(batch_counts, consumed_batches)
+        context = dataclasses.replace(context, worker=(context.worker + rotation) % worker_count)
         if self.manifest is not None:
             counts = [spec.num_samples or 0 for spec in self.shards]
             pieces = plan_worker(
@@ -188,12 +192,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
                 worker_count,
                 self.plan,
             )
-            batch_counts = worker_batch_counts(
-                self.samples_per_rank(context), worker_count, self.plan
-            )
         else:
             pieces = self._whole_shards(context)
-            batch_counts = [consumed_batches + worker_count] * worker_count  # unknown: no ends
         taken = batches_consumed_per_worker(batch_counts, consumed_batches)[context.worker]
         return WorkerJob(
             urls=tuple(spec.url for spec in self.shards),
@@ -205,6 +205,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
             skip_samples=taken * self.plan.batch_size,
             on_error=self.on_error,
         )
+
+    def _batch_counts(self, context: Context, consumed_batches: int) -> list[int]:
+        if self.manifest is None:  # unknown: assume no worker ran out before the resume point
+            return [consumed_batches + 1] * context.num_workers
+        return worker_batch_counts(self.samples_per_rank(context), context.num_workers, self.plan)
 
     def _whole_shards(self, context: Context) -> list[Piece]:
         slots = context.world_size * context.num_workers

@@ -32,6 +32,7 @@ __all__ = [
     "Piece",
     "PlanOptions",
     "batches_consumed_per_worker",
+    "next_worker",
     "plan_worker",
     "rank_batch_count",
     "samples_per_rank",
@@ -153,6 +154,24 @@ def batches_consumed_per_worker(batch_counts: Sequence[int], consumed: int) -> l
             taken[worker] += rounds
         remaining -= rounds * len(active)
     return taken
+
+
+def next_worker(batch_counts: Sequence[int], consumed: int) -> int:
+    """The worker whose turn it is after ``consumed`` batches (round-robin, skipping ends).
+
+    A fresh DataLoader always asks worker 0 first, so a loader resumed mid-epoch lets its worker
+    ``i`` play original worker ``(i + next_worker(...)) % num_workers``.
+    """
+    num_workers = len(batch_counts)
+    taken = [0] * num_workers
+    served, position = 0, 0
+    while served < consumed and served < sum(batch_counts):
+        worker = position % num_workers
+        position += 1
+        if taken[worker] < batch_counts[worker]:
+            taken[worker] += 1
+            served += 1
+    return position % num_workers
 
 
 def _rank_pieces(

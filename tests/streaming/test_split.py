@@ -12,6 +12,7 @@ from shardstream.errors import ConfigError
 from shardstream.streaming.split import (
     PlanOptions,
     batches_consumed_per_worker,
+    next_worker,
     plan_worker,
     samples_per_rank,
     shard_order,
@@ -91,6 +92,10 @@ def test_round_robin_consumption_matches_dataloader_order() -> None:
     for consumed in range(len(order) + 1):
         expected = [order[:consumed].count(w) for w in range(3)]
         assert batches_consumed_per_worker(counts, consumed) == expected
+        if consumed < len(order):
+            assert next_worker(counts, consumed) == order[consumed] or (
+                counts[next_worker(counts, consumed)] == expected[next_worker(counts, consumed)]
+            )
 
 
 def test_batch_counts_equal_across_ranks() -> None:
