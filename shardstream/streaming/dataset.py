@@ -123,6 +123,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
         self.on_error = on_error
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
+        # DataLoader workers do not see torch.distributed: read rank and world size here, in the
+        # training process (again in set_epoch), and hand them to the workers with the dataset.
+        self._ranks = self._read_ranks()
         self._min_side = min_side_of(transform) if transform is not None else None
 
     @property
@@ -133,6 +136,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (shard order and shuffles); call before iterating each epoch."""
         self.epoch = int(epoch)
+        self._ranks = self._read_ranks()
+
+    def _read_ranks(self) -> tuple[int, int]:
+        context = current_context(self.options.rank, self.options.world_size)
+        return context.rank, context.world_size
+
+    def context(self) -> Context:
+        """Rank, world size (as seen by the training process) and the current worker."""
+        return current_context(*self._ranks)
 
     def resume_at(self, epoch: int, batches_consumed: int) -> None:
         """Make the next iteration of ``epoch`` skip what this rank's loader already consumed.
@@ -144,7 +156,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
 
     def samples_per_rank(self, context: Context | None = None) -> int:
         """Samples each rank yields per epoch (requires a manifest)."""
-        context = context or current_context(self.options.rank, self.options.world_size)
+        context = context or self.context()
         return samples_per_rank(self._num_samples(), context.world_size, self.plan.policy)
 
     def __len__(self) -> int:
@@ -162,7 +174,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
         return self.manifest.num_samples
 
     def __iter__(self) -> Iterator[Any]:
-        context = current_context(self.options.rank, self.options.world_size)
+        context = self.context()
         resume = self._resume if self._resume and self._resume[0] == self.epoch else None
         consumed = resume[1] if resume else 0
         job = self._job(context, consumed)

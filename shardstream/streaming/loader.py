@@ -8,7 +8,6 @@ from typing import Any
 import torch.utils.data
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.context import current_context
 from shardstream.streaming.dataset import StreamingDataset
 
 __all__ = ["StreamingDataLoader"]
@@ -57,7 +56,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg
 
     def _fingerprint(self) -> dict[str, Any]:
         dataset: StreamingDataset = self.dataset  # type: ignore[assignment]
-        context = current_context(dataset.options.rank, dataset.options.world_size)
+        context = dataset.context()
         plan = dataset.plan
         return {
             "seed": plan.seed,
