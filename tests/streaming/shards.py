@@ -17,23 +17,30 @@ def tiny_jpeg(index: int, width: int = 16, height: int = 12) -> bytes:
     return encode_image(width, height, seed=index)
 
 
-def make_samples(num_samples: int, num_classes: int = 4, class_order: bool = True) -> list[dict[str, Any]]:
+def make_samples(
+    num_samples: int, num_classes: int = 4, class_order: bool = True
+) -> list[dict[str, Any]]:
     """Samples ``{"__key__", "jpg", "cls", "json"}``; labels in blocks (class order) or cycling."""
     per_class = -(-num_samples // num_classes)
     samples = []
     for index in range(num_samples):
         label = index // per_class if class_order else index % num_classes
-        samples.append({
-            "__key__": f"s{index:06d}",
-            "jpg": tiny_jpeg(index % 16),
-            "cls": label,
-            "json": {"index": index},
-        })
+        samples.append(
+            {
+                "__key__": f"s{index:06d}",
+                "jpg": tiny_jpeg(index % 16),
+                "cls": label,
+                "json": {"index": index},
+            }
+        )
     return samples
 
 
 def make_dataset(
-    root: pathlib.Path, num_samples: int = 40, per_shard: int = 7, num_classes: int = 4,
+    root: pathlib.Path,
+    num_samples: int = 40,
+    per_shard: int = 7,
+    num_classes: int = 4,
     class_order: bool = True,
 ) -> tuple[pathlib.Path, Manifest]:
     """Build a shardstream dataset (tar shards + manifest) with ``build_shards``."""

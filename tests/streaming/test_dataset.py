@@ -17,7 +17,7 @@ DICT = StreamOptions(output="dict")
 
 
 def test_single_process_epoch_and_len(tmp_path: pathlib.Path) -> None:
-    root, manifest = make_dataset(tmp_path, 40, 7)
+    root, _manifest = make_dataset(tmp_path, 40, 7)
     ds = StreamingDataset(root, batch_size=4, options=DICT)
     assert len(ds) == 10
     batches = list(ds)
@@ -98,7 +98,7 @@ def test_on_error_skip_counts_and_keeps_batch_count(tmp_path: pathlib.Path, capl
     shard = root / "shard-000001.tar"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ShardFormatError, match="shard-000001.tar"):
+    with pytest.raises(ShardFormatError, match=r"shard-000001\.tar"):
         list(StreamingDataset(root, batch_size=2))
     ds = StreamingDataset(root, batch_size=2, on_error="skip", options=DICT)
     batches = list(ds)

@@ -20,8 +20,9 @@ WORLD = 3
 def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
-        ds = StreamingDataset(root, batch_size=2, policy=policy,
-                              options=StreamOptions(output="dict"))
+        ds = StreamingDataset(
+            root, batch_size=2, policy=policy, options=StreamOptions(output="dict")
+        )
         loader = StreamingDataLoader(ds, num_workers=2)
         result = {}
         for epoch in range(2):
@@ -40,8 +41,12 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
 @pytest.mark.parametrize("policy", ["pad", "drop"])
 def test_ranks_cover_the_manifest(tmp_path: pathlib.Path, policy: str) -> None:
     root, manifest = make_dataset(tmp_path, 23, 5)
-    mp.spawn(_epochs, args=(str(root), str(tmp_path / "store"), str(tmp_path), policy),
-             nprocs=WORLD, join=True)
+    mp.spawn(
+        _epochs,
+        args=(str(root), str(tmp_path / "store"), str(tmp_path), policy),
+        nprocs=WORLD,
+        join=True,
+    )
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     for epoch in ("0", "1"):
         lengths = {len(r[epoch]["keys"]) for r in results}
@@ -59,7 +64,8 @@ def _train(rank: int, root: str, store: str) -> None:
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(
-            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 12 * 16, 4)))
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 12 * 16, 4))
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         ds = StreamingDataset(root, batch_size=4)
         for epoch in range(2):

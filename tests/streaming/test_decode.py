@@ -13,8 +13,15 @@ from shardstream.errors import DecodeError
 from shardstream.streaming.decode import decode_image, min_side_of, split_sample
 from tests.conftest import encode_image
 
-SAMPLE = {"__key__": "k", "__url__": "u.tar", "jpg": encode_image(32, 24, 1), "cls": b"3",
-          "json": b'{"a": 1}', "txt": b"hi", "bin": b"\x00"}
+SAMPLE = {
+    "__key__": "k",
+    "__url__": "u.tar",
+    "jpg": encode_image(32, 24, 1),
+    "cls": b"3",
+    "json": b'{"a": 1}',
+    "txt": b"hi",
+    "bin": b"\x00",
+}
 
 
 def test_modes() -> None:
@@ -24,7 +31,10 @@ def test_modes() -> None:
     assert split_sample(SAMPLE, "raw")[0] == SAMPLE["jpg"]
     pil = split_sample(SAMPLE, "pil")[0]
     assert isinstance(pil, Image.Image) and pil.size == (32, 24)
-    assert split_sample(SAMPLE, lambda data, ext: (len(data), ext))[0] == (len(SAMPLE["jpg"]), "jpg")
+    assert split_sample(SAMPLE, lambda data, ext: (len(data), ext))[0] == (
+        len(SAMPLE["jpg"]),
+        "jpg",
+    )
     png = {"__key__": "p", "png": encode_image(8, 6, 2, fmt="PNG")}
     image, label, _ = split_sample(png, "rgb8")
     assert image.shape == (3, 6, 8) and label == -1

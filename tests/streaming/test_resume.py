@@ -59,5 +59,5 @@ def test_mismatched_settings_are_refused(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 20, 6)
     state = StreamingDataLoader(StreamingDataset(root, seed=1), num_workers=0).state_dict()
     other = StreamingDataLoader(StreamingDataset(root, seed=2), num_workers=0)
-    with pytest.raises(ConfigError, match="seed was 1 .* but is 2"):
+    with pytest.raises(ConfigError, match=r"seed was 1 .* but is 2"):
         other.load_state_dict(state)

@@ -27,8 +27,9 @@ def test_interleave_conforms() -> None:
 
 
 def test_shuffle_buffer_conforms() -> None:
-    assert_resumes(lambda epoch: ShuffleBuffer(_interleave(epoch), size=4, seed=[7, epoch]),
-                   num_points=8)
+    assert_resumes(
+        lambda epoch: ShuffleBuffer(_interleave(epoch), size=4, seed=[7, epoch]), num_points=8
+    )
 
 
 def test_shuffle_buffer_yields_each_sample_once_and_bounds_memory() -> None:
@@ -58,8 +59,9 @@ def test_restored_buffer_rereads_only_buffered_samples() -> None:
 
 def class_mix(labels: list[int], batch_size: int, num_classes: int) -> float:
     """Mean distinct classes per batch relative to uniform sampling with replacement."""
-    batches = [labels[i : i + batch_size] for i in range(0, len(labels) - batch_size + 1,
-                                                         batch_size)]
+    batches = [
+        labels[i : i + batch_size] for i in range(0, len(labels) - batch_size + 1, batch_size)
+    ]
     uniform = num_classes * (1 - (1 - 1 / num_classes) ** batch_size)
     return float(np.mean([len(set(b)) for b in batches])) / uniform
 
@@ -80,6 +82,8 @@ def test_default_settings_mix_class_ordered_shards() -> None:
 
             stage = ShuffleBuffer(
                 Interleave([p.num_samples for p in pieces], open_piece, 32, [0, 0, 0, worker]),
-                size=1000, seed=[0, 0, 0, worker])
+                size=1000,
+                seed=[0, 0, 0, worker],
+            )
             labels += [index * num_classes // num_samples for _, index in stage]
         assert class_mix(labels, batch, num_classes) >= 0.8

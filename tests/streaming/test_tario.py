@@ -56,8 +56,14 @@ def test_reads_gnu_tar_with_dirs_dotfiles_and_missing_labels(
     long_dir = tree / ("x" * 120)
     long_dir.mkdir()
     (long_dir / "c.jpg").write_bytes(tiny_jpeg(3))
-    members = ["cats/a.jpg", "cats/a.cls", "cats/deep", "cats/.DS_Store", "__MACOSX",
-               f"{'x' * 120}/c.jpg"]
+    members = [
+        "cats/a.jpg",
+        "cats/a.cls",
+        "cats/deep",
+        "cats/.DS_Store",
+        "__MACOSX",
+        f"{'x' * 120}/c.jpg",
+    ]
     subprocess.run(["tar", flags, str(tmp_path / name), *members], cwd=tree, check=True)
     samples = _read(tmp_path / name)
     keys = [s["__key__"] for s in samples]

@@ -1,0 +1,327 @@
+"""Loading benchmark: torchvision ImageFolder vs webdataset vs shardstream vs the decode limit.
+
+One ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) is packed once with
+shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch
+in a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode)
+and "train" (decode + RandomResizedCrop(224) + flip + float tensor). "limit" decodes and
+transforms bytes already in memory in a tight loop (one core; scaled by the worker count for
+ratios). Peak memory is the sum of RSS over the process and its DataLoader workers, sampled.
+Also: start-up at many tiny samples (time to first batch, memory) against ImageFolder's
+construction, a cold-cache row (page cache dropped; needs root) and class mix per batch.
+
+Usage: python benchmarks/load.py [--num-images 20000] [--tiny 1000000] [--workers 0 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import contextlib
+
+from _data import DATA_ROOT, imagenet_like, tiny_tree
+
+BATCH = 64
+
+
+class PeakRss:
+    """Samples the summed RSS of this process and its children every 20 ms."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.peak, self._stop = 0, threading.Event()
+        self._process = psutil.Process()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for proc in [self._process, *self._process.children(recursive=True)]:
+                with contextlib.suppress(Exception):
+                    total += proc.memory_info().rss
+            self.peak = max(self.peak, total)
+            time.sleep(0.02)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
+
+
+def transform_for(mode: str):  # type: ignore[no-untyped-def]
+    import torch
+    from torchvision.transforms import v2
+
+    if mode == "raw":
+        return None
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(224, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.PILToTensor(),
+            v2.ToDtype(torch.float32, scale=True),
+        ]
+    )
+
+
+def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore[no-untyped-def]
+    import torch
+    from torch.utils.data import DataLoader
+
+    transform = transform_for(mode)
+    if row == "imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        loader = (lambda p: Path(p).read_bytes()) if mode == "raw" else None
+        kwargs = {"loader": loader} if loader else {}
+        ds = ImageFolder(paths["images"], transform=transform, **kwargs)
+        collate = (lambda b: b) if mode == "raw" else None
+        return DataLoader(
+            ds, batch_size=BATCH, shuffle=True, num_workers=workers, collate_fn=collate
+        )
+    if row == "webdataset":
+        import webdataset as wds
+
+        urls = sorted(str(p) for p in Path(paths["shards"]).glob("shard-*.tar"))
+        ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000)
+        if mode == "raw":
+            ds = ds.to_tuple("jpg", "cls")
+        else:
+            ds = ds.decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
+        collate = (lambda b: b) if mode == "raw" else None
+        return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate)
+    from shardstream.streaming import StreamingDataset
+
+    ds = StreamingDataset(
+        paths["shards"],
+        decode="raw" if mode == "raw" else "pil",
+        transform=transform,
+        batch_size=BATCH,
+    )
+    del torch
+    return DataLoader(ds, batch_size=None, num_workers=workers)
+
+
+def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
+    """One epoch of one row: samples/s, time to first batch, peak memory."""
+    if row == "limit":
+        return run_limit(mode, paths)
+    memory = PeakRss()
+    start = time.perf_counter()
+    loader = make_loader(row, mode, workers, paths)
+    first, count = None, 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        count += (
+            len(batch[1])
+            if isinstance(batch, (tuple, list))
+            and len(batch) == 2
+            and not isinstance(batch[0], tuple)
+            else len(batch)
+        )
+    seconds = time.perf_counter() - start
+    return {"samples": count, "per_s": count / seconds, "first_s": first, "mb": memory.stop()}
+
+
+def run_limit(mode: str, paths: dict) -> dict:
+    import io
+
+    from PIL import Image
+
+    files = sorted(Path(paths["images"]).rglob("*.JPEG"))[:2000]
+    blobs = [f.read_bytes() for f in files]
+    transform = transform_for(mode)
+    memory = PeakRss()
+    start = time.perf_counter()
+    for data in blobs:
+        if mode == "raw":
+            continue
+        transform(Image.open(io.BytesIO(data)).convert("RGB"))
+    seconds = max(time.perf_counter() - start, 1e-9)
+    return {
+        "samples": len(blobs),
+        "per_s": len(blobs) / seconds,
+        "first_s": 0.0,
+        "mb": memory.stop(),
+    }
+
+
+def class_mix(row: str, paths: dict) -> float:
+    """Mean distinct classes per batch / expected under uniform sampling (class-ordered shards)."""
+    from torch.utils.data import DataLoader
+
+    num_classes = paths["num_classes"]
+    if row == "webdataset":
+        import webdataset as wds
+
+        urls = sorted(str(p) for p in Path(paths["ordered"]).glob("shard-*.tar"))
+        ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000)
+        loader = DataLoader(
+            ds.to_tuple("cls"),
+            batch_size=BATCH,
+            num_workers=2,
+            collate_fn=lambda b: [int(x[0]) for x in b],
+        )
+        batches = list(loader)
+    else:
+        from shardstream.streaming import StreamingDataset
+
+        ds = StreamingDataset(paths["ordered"], decode="raw", batch_size=BATCH)
+        batches = [labels.tolist() for _, labels in DataLoader(ds, batch_size=None, num_workers=2)]
+    uniform = num_classes * (1 - (1 - 1 / num_classes) ** BATCH)
+    full = [b for b in batches if len(b) == BATCH]
+    return sum(len(set(b)) for b in full) / len(full) / uniform
+
+
+def startup(row: str, paths: dict) -> dict:
+    """Time to first batch and peak memory on the tiny-sample tree (or its shards)."""
+    from torch.utils.data import DataLoader
+
+    memory = PeakRss()
+    start = time.perf_counter()
+    if row == "imagefolder":
+        from torchvision.datasets import ImageFolder
+
+        ds = ImageFolder(paths["tiny"], loader=lambda p: Path(p).read_bytes())
+        next(iter(DataLoader(ds, batch_size=BATCH, shuffle=True, collate_fn=lambda b: b)))
+    else:
+        from shardstream.streaming import StreamingDataset
+
+        ds = StreamingDataset(paths["tiny_shards"], decode="raw", batch_size=BATCH)
+        next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
+    return {"first_s": time.perf_counter() - start, "mb": memory.stop()}
+
+
+def child(task: dict) -> dict:
+    import torch.utils.data  # noqa: F401 - imports are not part of any row's time
+    import torchvision.datasets  # noqa: F401
+    import webdataset  # noqa: F401
+
+    import shardstream.streaming  # noqa: F401
+
+    kind = task["kind"]
+    if kind == "epoch":
+        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"])
+    if kind == "mix":
+        return {"mix": class_mix(task["row"], task["paths"])}
+    if kind == "cold":
+        Path("/proc/sys/vm/drop_caches").write_text("1\n")
+        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"])
+    return startup(task["row"], task["paths"])
+
+
+def spawn(task: dict) -> dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(task)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        return {"error": result.stderr.strip().splitlines()[-1] if result.stderr else "failed"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    from shardstream import build_shards
+
+    images = imagenet_like(args.num_images, args.num_classes)
+    paths = {"images": str(images), "num_classes": args.num_classes}
+    for name, shuffle in (("shards", True), ("ordered", False)):
+        dest = DATA_ROOT / f"load-{name}-{args.num_images}-{args.num_classes}"
+        if not (dest / "manifest.json").exists():
+            build_shards(images, dest, shuffle=shuffle, workers=2)
+        paths[name] = str(dest)
+    if args.tiny:
+        tiny = tiny_tree(args.tiny)
+        dest = DATA_ROOT / f"load-tiny-{args.tiny}"
+        if not (dest / "manifest.json").exists():
+            build_shards(tiny, dest, workers=2)
+        paths.update(tiny=str(tiny), tiny_shards=str(dest))
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-images", type=int, default=20_000)
+    parser.add_argument("--num-classes", type=int, default=100)
+    parser.add_argument("--tiny", type=int, default=1_000_000, help="0 skips the start-up row")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--modes", nargs="+", default=["raw", "train"])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    paths = prepare(args)
+    print(
+        f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
+        f"{os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| mode | workers | loader | samples/s | vs limit | vs ImageFolder | first batch s "
+        "| peak MB |\n|---|---|---|---|---|---|---|---|"
+    )
+    for mode in args.modes:
+        limit = spawn({"kind": "epoch", "row": "limit", "mode": mode, "workers": 0, "paths": paths})
+        for workers in args.workers:
+            base = None
+            for row in ("imagefolder", "webdataset", "shardstream"):
+                r = spawn(
+                    {"kind": "epoch", "row": row, "mode": mode, "workers": workers, "paths": paths}
+                )
+                if "error" in r:
+                    print(f"| {mode} | {workers} | {row} | error: {r['error']} |||||")
+                    continue
+                base = base or r["per_s"]
+                cap = limit.get("per_s", 0) * max(1, workers) if mode == "train" else 0
+                vs_limit = f"{r['per_s'] / cap:.2f}" if cap else "-"
+                print(
+                    f"| {mode} | {workers} | {row} | {r['per_s']:.0f} | {vs_limit} | "
+                    f"{r['per_s'] / base:.2f} | {r['first_s']:.2f} | {r['mb']:.0f} |"
+                )
+        if mode == "train":
+            print(
+                f"| {mode} | - | limit (1 core) | {limit.get('per_s', 0):.0f} | 1.00 | - | - | "
+                f"{limit.get('mb', 0):.0f} |"
+            )
+    report_extra(args, paths)
+
+
+def report_extra(args: argparse.Namespace, paths: dict) -> None:
+    print("\n| extra | loader | result |\n|---|---|---|")
+    for row in ("webdataset", "shardstream"):
+        r = spawn({"kind": "mix", "row": row, "paths": paths})
+        print(
+            f"| class mix, class-ordered shards (uniform = 1.00) | {row} | "
+            f"{r.get('mix', float('nan')):.2f} {r.get('error', '')} |"
+        )
+    if args.tiny:
+        for row in ("imagefolder", "shardstream"):
+            r = spawn({"kind": "startup", "row": row, "paths": paths})
+            print(
+                f"| start-up at {args.tiny} tiny samples | {row} | "
+                f"{r.get('first_s', float('nan')):.2f} s to first batch, "
+                f"{r.get('mb', float('nan')):.0f} MB {r.get('error', '')} |"
+            )
+    for row in ("imagefolder", "shardstream"):
+        r = spawn({"kind": "cold", "row": row, "mode": "raw", "workers": 2, "paths": paths})
+        if "error" in r:
+            print(
+                f"| cold cache, raw, 2 workers | {row} | skipped: cannot drop the page cache "
+                f"({r['error'][:80]}) |"
+            )
+        else:
+            print(f"| cold cache, raw, 2 workers | {row} | {r['per_s']:.0f} samples/s |")
+
+
+if __name__ == "__main__":
+    main()
