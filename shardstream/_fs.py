@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import uuid
 from collections.abc import Iterator, Mapping
@@ -17,7 +18,10 @@ from typing import IO, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from shardstream._redact import redact_url
+
 __all__ = [
+    "DEFAULT_PART_SIZE_BYTES",
     "ReadOptions",
     "exists",
     "is_local",
@@ -37,6 +41,11 @@ __all__ = [
 _ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
 StorageOptions = Mapping[str, Any] | None
+
+#: Multipart upload part size for object stores: memory per open upload is about this much.
+DEFAULT_PART_SIZE_BYTES = 16 * 2**20
+
+logger = logging.getLogger("shardstream.storage")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,39 +97,66 @@ def open_read(
 ) -> IO[bytes]:
     """Open ``url`` for sequential binary reading.
 
-    ``read_options`` (retries, read-ahead, cache) apply to remote URLs; local files are plain.
+    Local files are opened plainly. Remote objects are streamed in large ranged requests with
+    retries that resume at the byte offset reached, read-ahead in a background thread and an
+    optional local cache, as ``read_options`` says (see :class:`ReadOptions`).
+
+    Raises:
+        FileNotFoundError: The object does not exist (not retried).
+        PermissionError: Access was denied (not retried).
+        StorageError: Storage kept failing after ``read_options.max_attempts`` tries.
+
+    Example:
+        >>> with open_read("s3://bucket/data/shard-000000.tar",  # doctest: +SKIP
+        ...                {"endpoint_url": "http://127.0.0.1:9000"}) as f:
+        ...     header = f.read(512)
     """
-    fs, path = resolve(url, storage_options)
-    return fs.open(path, "rb")  # type: ignore[no-any-return]
+    if is_local(url):
+        fs, path = resolve(url, storage_options)
+        return fs.open(path, "rb")  # type: ignore[no-any-return]
+    from shardstream import _remote  # s3fs/aiohttp are imported only when needed
+
+    return _remote.open_remote(os.fspath(url), storage_options, read_options or ReadOptions())
 
 
-def read_bytes(url: str, storage_options: StorageOptions = None) -> bytes:
-    """Read a whole (small) object, such as a manifest."""
-    with open_read(url, storage_options) as stream:
+def read_bytes(
+    url: str, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+) -> bytes:
+    """Read a whole (small) object, such as a manifest, with the same retries as shards."""
+    with open_read(url, storage_options, read_options) as stream:
         return stream.read()
 
 
 def exists(url: str, storage_options: StorageOptions = None) -> bool:
     """True when a file or object exists at ``url``."""
     fs, path = resolve(url, storage_options)
+    _forget_listings(fs, path)  # another process may have written it since we last looked
     return bool(fs.exists(path))
 
 
 def size(url: str, storage_options: StorageOptions = None) -> int:
     """Byte size of the file or object at ``url``."""
     fs, path = resolve(url, storage_options)
+    _forget_listings(fs, path)
     return int(fs.size(path))
 
 
 def list_names(folder_url: str, storage_options: StorageOptions = None) -> list[str]:
     """Names (not paths) of the files directly inside a folder, sorted; [] when it is missing."""
     fs, path = resolve(folder_url, storage_options)
+    _forget_listings(fs, path)  # object stores have no folders: list the prefix afresh
     try:
-        entries = fs.ls(path, detail=True)
+        entries = fs.ls(path.rstrip("/"), detail=True)
     except FileNotFoundError:
         return []
     names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "file"]
     return sorted(names)
+
+
+def _forget_listings(fs: Any, path: str) -> None:
+    if not isinstance(fs, LocalFileSystem):
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(path)
 
 
 def makedirs(folder_url: str, storage_options: StorageOptions = None) -> None:
@@ -140,13 +176,23 @@ def remove(url: str, storage_options: StorageOptions = None, missing_ok: bool = 
 
 
 @contextlib.contextmanager
-def open_atomic_write(url: str, storage_options: StorageOptions = None) -> Iterator[IO[bytes]]:
+def open_atomic_write(
+    url: str, storage_options: StorageOptions = None, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES
+) -> Iterator[IO[bytes]]:
     """Open ``url`` for writing so that it appears complete or not at all.
 
     Local files are written under a temporary name in the same folder, flushed to disk and then
-    renamed over the target. Object stores are written in place (an object becomes visible only
-    when its upload completes) and the upload is aborted if the block raises. Other fsspec
-    filesystems get a temporary name and a move.
+    renamed over the target. Object stores are written in place: the data is streamed up as a
+    multipart upload of ``part_size_bytes`` parts (so memory is bounded by the part size, not
+    the object size), the object becomes visible only when the upload completes, and the upload
+    is aborted if the block raises. A killed process leaves an unfinished multipart upload,
+    which is never visible (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` frees
+    its parts). Other fsspec filesystems get a temporary name and a move.
+
+    Args:
+        url: Destination file or object.
+        storage_options: fsspec options (credentials, ``endpoint_url``...).
+        part_size_bytes: Multipart upload part size on object stores (S3 needs >= 5 MiB).
 
     Example:
         >>> with open_atomic_write("/tmp/out/data.bin") as f:  # doctest: +SKIP
@@ -159,11 +205,11 @@ def open_atomic_write(url: str, storage_options: StorageOptions = None) -> Itera
         return
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     if protocols & _ATOMIC_PUT_PROTOCOLS:
-        stream = fs.open(path, "wb")
+        stream = fs.open(path, "wb", block_size=part_size_bytes)
         try:
             yield stream
         except BaseException:
-            _discard(stream)
+            _discard(stream, redact_url(os.fspath(url)))
             raise
         stream.close()
         return
@@ -195,12 +241,18 @@ def _local_atomic_write(path: str) -> Iterator[IO[bytes]]:
         raise
 
 
-def _discard(stream: Any) -> None:
+def _discard(stream: Any, shown_url: str) -> None:
     """Abort an unfinished object-store upload so that nothing becomes visible."""
     discard = getattr(stream, "discard", None)
     if callable(discard):
-        with contextlib.suppress(Exception):
+        try:
             discard()
+        except Exception as exc:  # the original error matters more; say what is left behind
+            logger.warning(
+                "%s: aborting the unfinished multipart upload failed (%s); it stays invisible "
+                "but keeps its parts until a lifecycle rule removes them",
+                shown_url, type(exc).__name__,
+            )  # fmt: skip
     # Mark closed without committing: AbstractBufferedFile.close() would complete the upload.
     with contextlib.suppress(Exception):
         stream.closed = True

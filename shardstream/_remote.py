@@ -1,0 +1,213 @@
+"""Reading remote objects: one long ranged GET per shard on S3, chunked ranges elsewhere.
+
+:func:`open_remote` is what ``_fs.open_read`` uses for every non-local URL. It asks for the
+object's size and ETag (HEAD), serves a local cache hit if there is one, and otherwise streams
+the object through a :class:`~shardstream._stream.ChunkFetcher` (retries, resume at the byte
+offset reached), optionally teeing it into the cache and prefetching in a background thread.
+
+On S3 this module calls aiobotocore directly (through s3fs's session, so credentials and
+endpoints come from the usual places) and turns botocore's own retries off: the retry loop
+here is the only one, which keeps the total budget equal to ``ReadOptions.max_attempts``.
+Nothing here is created before it is first used in a process, so DataLoader workers that fork
+after the dataset was built get sessions and threads of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from typing import IO, Any
+
+import fsspec
+from fsspec.asyn import sync
+
+from shardstream._cache import ShardCache, TeeChunks
+from shardstream._redact import redact_url, secret_values
+from shardstream._retry import Retrier
+from shardstream._stream import ChunkFetcher, ChunkSource, ReadAhead, RemoteStream
+
+__all__ = ["open_remote", "read_filesystem"]
+
+_S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_MIN_CHUNK_BYTES = 256 * 2**10
+_MAX_CHUNK_BYTES = 8 * 2**20
+_UNBUFFERED_CHUNK_BYTES = 2**20
+
+
+def read_filesystem(
+    url: str, storage_options: Mapping[str, Any] | None, timeout_s: float
+) -> tuple[Any, str]:
+    """``(filesystem, path)`` for reading ``url``, with client-side retries off on S3."""
+    options = dict(storage_options or {})
+    if url.split("://", 1)[0].lower() in _S3_PROTOCOLS:
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})  # the Retrier owns retries
+        config.setdefault("read_timeout", timeout_s)
+        config.setdefault("connect_timeout", timeout_s)
+        options["config_kwargs"] = config
+    return fsspec.core.url_to_fs(url, **options)  # type: ignore[no-any-return]
+
+
+async def _read_up_to(
+    body: Any, num_bytes: int, timeout_s: float
+) -> tuple[bytes, BaseException | None]:
+    """Up to ``num_bytes`` from an aiobotocore body, and the error that ended it early if any.
+
+    Bytes received before a failure are returned too (the caller resumes after them), and a
+    read that receives nothing for ``timeout_s`` fails with ``TimeoutError`` (a stall).
+    """
+    parts: list[bytes] = []
+    received = 0
+    try:
+        if hasattr(asyncio, "timeout"):  # Python 3.11+: one cheap watchdog, moved on progress
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(timeout_s) as watchdog:
+                while received < num_bytes:
+                    piece = await body.read(num_bytes - received)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    received += len(piece)
+                    watchdog.reschedule(loop.time() + timeout_s)
+        else:  # pragma: no cover - Python 3.10
+            while received < num_bytes:
+                piece = await asyncio.wait_for(body.read(num_bytes - received), timeout_s)
+                if not piece:
+                    break
+                parts.append(piece)
+                received += len(piece)
+    except Exception as exc:  # classified by the caller's Retrier
+        return b"".join(parts), exc
+    return b"".join(parts), None
+
+
+class _S3Body:
+    def __init__(self, fs: Any, body: Any, timeout_s: float) -> None:
+        self._fs, self._body, self._timeout_s = fs, body, timeout_s
+        self._error: BaseException | None = None
+
+    def read_chunk(self, num_bytes: int) -> bytes:
+        if self._error is not None:
+            raise self._error
+        data, self._error = sync(self._fs.loop, _read_up_to, self._body, num_bytes, self._timeout_s)
+        if not data and self._error is not None:
+            raise self._error
+        return data  # any error is raised by the next call, after these bytes are counted
+
+    def close(self) -> None:
+        sync(self._fs.loop, self._body.aclose)
+
+
+class _S3Source:
+    """HEAD and ranged GETs of one S3 object, straight through aiobotocore."""
+
+    def __init__(self, fs: Any, path: str, timeout_s: float) -> None:
+        self.fs, self.timeout_s = fs, timeout_s
+        self.bucket, self.key, version = fs.split_path(path)
+        self._version = {"VersionId": version} if version else {}
+        self.etag: str | None = None
+
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        await self.fs.set_session()
+        client = await self.fs.get_s3(self.bucket)
+        call = getattr(client, method)(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
+        return await asyncio.wait_for(call, self.timeout_s)
+
+    def stat(self) -> tuple[int, str | None]:
+        head = sync(self.fs.loop, self._call, "head_object")
+        self.etag = head.get("ETag")
+        return int(head["ContentLength"]), self.etag
+
+    def open_body(self, offset: int, size: int) -> _S3Body:
+        # If-Match: a resumed read must never splice two versions of a rewritten object.
+        match = {"IfMatch": self.etag} if self.etag else {}
+        response = sync(
+            self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{size - 1}", **match
+        )
+        return _S3Body(self.fs, response["Body"], self.timeout_s)
+
+
+class _RangeBody:
+    def __init__(self, fs: Any, path: str, offset: int, size: int) -> None:
+        self._fs, self._path, self._offset, self._size = fs, path, offset, size
+
+    def read_chunk(self, num_bytes: int) -> bytes:
+        end = min(self._offset + num_bytes, self._size)
+        data = bytes(self._fs.cat_file(self._path, start=self._offset, end=end))
+        self._offset += len(data)
+        return data
+
+    def close(self) -> None:
+        """Nothing is held between ranged requests."""
+
+
+class _GenericSource:
+    """Any other fsspec filesystem: one ranged ``cat_file`` per chunk."""
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs, self.path = fs, path
+
+    def stat(self) -> tuple[int, str | None]:
+        info = self.fs.info(self.path)
+        version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("created")
+        return int(info["size"]), (str(version) if version is not None else None)
+
+    def open_body(self, offset: int, size: int) -> _RangeBody:
+        return _RangeBody(self.fs, self.path, offset, size)
+
+
+def _chunk_bytes(read_ahead_bytes: int) -> int:
+    if read_ahead_bytes <= 0:
+        return _UNBUFFERED_CHUNK_BYTES
+    return max(_MIN_CHUNK_BYTES, min(_MAX_CHUNK_BYTES, read_ahead_bytes // 4))
+
+
+def _stat(source: Any, retrier: Retrier) -> tuple[int, str | None]:
+    while True:
+        try:
+            size, etag = source.stat()
+        except Exception as exc:  # classified by the retrier: retry, or raise clearly
+            retrier.failed(exc, 0)
+            continue
+        retrier.succeeded()
+        return size, etag
+
+
+def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: Any) -> IO[bytes]:
+    """Open a remote object for sequential reading with retries, read-ahead and cache.
+
+    Args:
+        url: The object's URL (``s3://bucket/key``, ``gs://...``, ``memory://...``).
+        storage_options: fsspec options (credentials, ``endpoint_url``...).
+        options: A ``shardstream._fs.ReadOptions``.
+
+    Returns:
+        A read-only binary file object; a plain local file on a cache hit.
+    """
+    shown = redact_url(url)
+    fs, path = read_filesystem(url, storage_options, options.timeout_s)
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    is_s3 = bool(protocols & _S3_PROTOCOLS)
+    source = _S3Source(fs, path, options.timeout_s) if is_s3 else _GenericSource(fs, path)
+    stop = threading.Event()
+    retrier = Retrier(
+        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
+        secret_values(storage_options), stop,
+    )  # fmt: skip
+    size, etag = _stat(source, retrier)
+    writer = None
+    if options.cache_dir:
+        cache = ShardCache(options.cache_dir, options.cache_max_bytes)
+        cache_path = cache.path_for(shown, size, etag)
+        hit = cache.open_cached(cache_path, size)
+        if hit is not None:
+            return hit
+        writer = cache.start(cache_path, size)
+    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
+    chunks: ChunkSource = ChunkFetcher(source, size, chunk_bytes, retrier)
+    if writer is not None:
+        chunks = TeeChunks(chunks, writer)
+    if options.read_ahead_bytes > 0 and size > chunk_bytes:
+        chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, stop)
+    return RemoteStream(chunks, shown, size)

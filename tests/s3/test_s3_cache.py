@@ -1,0 +1,125 @@
+"""The local shard cache: whole objects only, hits skip the network, LRU eviction within limit."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+import time
+from typing import Any
+
+from shardstream import _fs
+from tests.s3.faultproxy import FaultProxy
+from tests.s3.s3env import BUCKET, payload
+
+SIZE = 600_000
+
+
+def url(name: str) -> str:
+    return f"s3://{BUCKET}/cache/{name}.tar"
+
+
+def put(moto_fs: Any, *names: str) -> dict[str, bytes]:
+    blobs = {name: payload(SIZE, seed=index) for index, name in enumerate(names)}
+    for name, blob in blobs.items():
+        moto_fs.pipe(url(name), blob)
+    return blobs
+
+
+def cache_options(folder: pathlib.Path, max_bytes: int | None = None) -> _fs.ReadOptions:
+    return _fs.ReadOptions(
+        read_ahead_bytes=2**20, cache_dir=str(folder), cache_max_bytes=max_bytes, backoff_s=0.01
+    )
+
+
+def read(name: str, options: dict[str, Any], read_options: _fs.ReadOptions) -> bytes:
+    with _fs.open_read(url(name), options, read_options) as stream:
+        return stream.read()
+
+
+def cached_files(folder: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_cache_hit_avoids_the_network(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
+) -> None:
+    blobs = put(moto_fs, "a")
+    options = cache_options(tmp_path / "cache")
+    assert read("a", proxy_options, options) == blobs["a"]
+    assert fault_proxy.count("GET", "/cache/a.tar") == 1
+    assert len(cached_files(tmp_path / "cache")) == 1
+    for _ in range(3):
+        assert read("a", proxy_options, options) == blobs["a"]
+    assert fault_proxy.count("GET", "/cache/a.tar") == 1, "later epochs read the local copy"
+
+
+def test_partial_or_failed_reads_are_not_cached(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
+) -> None:
+    blobs = put(moto_fs, "a")
+    options = cache_options(tmp_path / "cache")
+    with _fs.open_read(url("a"), proxy_options, options) as stream:
+        assert stream.read(1000) == blobs["a"][:1000]
+    assert cached_files(tmp_path / "cache") == [], "no entry and no temporary file is left"
+    # A read that resumes after a fault still caches exactly the object's bytes.
+    fault_proxy.add(method="GET", path_contains="/cache/a.tar", action="cut", after_bytes=300_001)
+    assert read("a", proxy_options, options) == blobs["a"]
+    (entry,) = (tmp_path / "cache").iterdir()
+    assert entry.read_bytes() == blobs["a"]
+
+
+def test_lru_eviction_keeps_the_folder_within_its_limit(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
+) -> None:
+    blobs = put(moto_fs, "a", "b", "c")
+    folder = tmp_path / "cache"
+    options = cache_options(folder, max_bytes=int(2.5 * SIZE))
+    for name in ("a", "b", "a", "c"):  # "a" is used again, so "b" is the least recently used
+        assert read(name, proxy_options, options) == blobs[name]
+        time.sleep(0.02)  # distinct last-use times
+    sizes = [p.stat().st_size for p in folder.iterdir()]
+    assert sum(sizes) <= options.cache_max_bytes and len(sizes) == 2
+    fault_proxy.clear()
+    assert read("a", proxy_options, options) == blobs["a"]
+    assert read("c", proxy_options, options) == blobs["c"]
+    assert fault_proxy.count("GET") == 0, "a and c stayed cached"
+    assert read("b", proxy_options, options) == blobs["b"]
+    assert fault_proxy.count("GET", "/cache/b.tar") == 1, "b was evicted"
+
+
+def test_object_larger_than_the_cache_is_streamed_not_cached(
+    moto_fs: Any, proxy_options: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    blobs = put(moto_fs, "a")
+    options = cache_options(tmp_path / "cache", max_bytes=SIZE // 2)
+    assert read("a", proxy_options, options) == blobs["a"]
+    assert cached_files(tmp_path / "cache") == []
+
+
+def test_concurrent_readers_share_one_cache_folder(
+    moto_fs: Any, proxy_options: dict[str, Any], tmp_path: pathlib.Path
+) -> None:
+    names = ["a", "b", "c", "d"]
+    blobs = put(moto_fs, *names)
+    folder = tmp_path / "cache"
+    options = cache_options(folder, max_bytes=2 * SIZE)
+    errors: list[BaseException] = []
+
+    def worker(offset: int) -> None:
+        try:
+            for step in range(8):
+                name = names[(offset + step) % len(names)]
+                assert read(name, proxy_options, options) == blobs[name]
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    entries = [p for p in folder.iterdir() if p.suffix == ".shard"]
+    assert sum(p.stat().st_size for p in entries) <= 2 * SIZE
+    assert all(".tmp-" not in name for name in os.listdir(folder))

@@ -1,0 +1,197 @@
+"""Remote reads through a real S3 server and a fault proxy: every fault ends in identical bytes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from shardstream import _fs
+from shardstream.errors import StorageError
+from tests.s3.faultproxy import FaultProxy
+from tests.s3.s3env import BUCKET, SECRET_KEY, payload
+
+SIZE = 3 * 2**20 + 12345  # a few MiB, not a multiple of any chunk size
+URL = f"s3://{BUCKET}/data/shard-000000.tar"
+KEY = f"/{BUCKET}/data/shard-000000.tar"
+
+#: Fast retries and a short stall timeout, so fault tests take well under a second each.
+FAST = _fs.ReadOptions(
+    max_attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=1.0, read_ahead_bytes=2**20
+)
+
+
+@pytest.fixture
+def data(moto_fs: Any) -> bytes:
+    blob = payload(SIZE)
+    moto_fs.pipe(URL, blob)
+    return blob
+
+
+def read_all(options: dict[str, Any], read_options: _fs.ReadOptions, piece: int = 10_000) -> bytes:
+    """Read like tarfile does: many small reads."""
+    parts = []
+    with _fs.open_read(URL, options, read_options) as stream:
+        while chunk := stream.read(piece):
+            parts.append(chunk)
+        assert stream.tell() == sum(map(len, parts))
+    return b"".join(parts)
+
+
+def test_fault_free_read_uses_one_get(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    assert read_all(proxy_options, FAST) == data
+    assert fault_proxy.count("GET", KEY) == 1, "a shard is streamed by one ranged GET"
+    assert fault_proxy.count("HEAD", KEY) == 1
+
+
+@pytest.mark.parametrize("read_ahead_bytes", [0, 2**20])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"action": "reset", "after_bytes": 1_500_000},
+        {"action": "reset", "after_bytes": 0},
+        {"action": "cut", "after_bytes": 2_000_001},
+        {"action": "503"},
+        {"action": "stall", "after_bytes": 700_000, "stall_s": 3.0},
+    ],
+    ids=["reset-mid-body", "reset-before-response", "cut-body", "503-slowdown", "stall-mid-body"],
+)
+def test_faults_mid_object_give_identical_bytes(
+    data: bytes,
+    proxy_options: dict[str, Any],
+    fault_proxy: FaultProxy,
+    fault: dict[str, Any],
+    read_ahead_bytes: int,
+) -> None:
+    rule = fault_proxy.add(method="GET", path_contains=KEY, **fault)
+    options = _fs.ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
+    started = time.monotonic()
+    assert read_all(proxy_options, options) == data
+    assert rule.hits == 1, "the fault was injected"
+    assert fault_proxy.count("GET", KEY) == 2, "one retry, resumed where the first GET broke"
+    assert time.monotonic() - started < 3.0, "a stall is cut short by timeout_s"
+
+
+def test_attempt_budget_restarts_after_progress(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    # Every GET stalls after 1 MB: each try moves the offset on, so four failures in total
+    # do not exhaust a budget of two tries in a row.
+    fault_proxy.add(
+        method="GET", path_contains=KEY, action="stall", after_bytes=1_000_000, stall_s=2.0,
+        times=0,
+    )  # fmt: skip
+    options = _fs.ReadOptions(**{**vars(FAST), "max_attempts": 2, "timeout_s": 0.3})
+    assert read_all(proxy_options, options, piece=65_536) == data
+    assert fault_proxy.count("GET", KEY) == -(-SIZE // 1_000_000)
+
+
+def test_retry_budget_exhausted_names_object_not_secret(
+    data: bytes,
+    proxy_options: dict[str, Any],
+    fault_proxy: FaultProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fault_proxy.add(method="GET", path_contains=KEY, action="503", times=0)
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(StorageError) as caught:
+        read_all(proxy_options, FAST)
+    message = str(caught.value)
+    assert URL in message and "4 attempts" in message and "SlowDown" in message
+    assert "byte offset 0" in message
+    assert fault_proxy.count("GET", KEY) == FAST.max_attempts, "botocore does not retry too"
+    assert SECRET_KEY not in message
+    assert SECRET_KEY not in caplog.text
+    assert "retrying" in caplog.text
+
+
+def test_missing_object_fails_fast_without_retries(
+    proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError) as caught:
+        _fs.open_read(f"s3://{BUCKET}/nope.tar", proxy_options, FAST)
+    assert f"s3://{BUCKET}/nope.tar" in str(caught.value)
+    assert fault_proxy.count("HEAD", "/nope.tar") == 1
+    assert time.monotonic() - started < 2.0
+
+
+def test_secret_in_storage_options_never_leaks(
+    data: bytes,
+    proxy_options: dict[str, Any],
+    fault_proxy: FaultProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)  # botocore's own debug logs included
+    fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=1000)
+    assert read_all(proxy_options, FAST) == data
+    with pytest.raises(FileNotFoundError) as caught:
+        _fs.open_read(f"s3://{BUCKET}/missing.tar", proxy_options, FAST)
+    assert SECRET_KEY not in str(caught.value) and SECRET_KEY not in repr(caught.value)
+    assert "retrying" in caplog.text
+    assert SECRET_KEY not in caplog.text
+
+
+def test_secrets_in_urls_are_redacted_from_messages() -> None:
+    from shardstream._redact import redact_options, redact_text
+
+    url = f"https://user:{SECRET_KEY}@host/b/k?X-Amz-Signature={SECRET_KEY}&part=1"
+    assert redact_text(url) == "https://***@host/b/k?X-Amz-Signature=***&part=1"
+    options = {"key": "AKIA1234", "secret": SECRET_KEY, "client_kwargs": {"token": "tok-1234"}}
+    assert SECRET_KEY not in str(redact_options(options))
+    assert redact_text(f"failed with {SECRET_KEY}", [SECRET_KEY]) == "failed with ***"
+
+
+def test_read_ahead_is_bounded_and_stops_on_close(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    blob = payload(32 * 2**20, seed=1)
+    moto_fs.pipe(URL, blob)
+    options = _fs.ReadOptions(read_ahead_bytes=2**20, timeout_s=5.0)
+    before = threading.active_count()
+    stream: Any = _fs.open_read(URL, proxy_options, options)
+    assert stream.read(100) == blob[:100]
+    time.sleep(0.5)  # let the background thread fill its queue
+    assert stream.read_ahead.buffered_bytes <= options.read_ahead_bytes
+    # Socket buffers hold some more, but nowhere near the whole object.
+    assert fault_proxy.body_bytes_sent < len(blob) // 2
+    stream.close()
+    assert not stream.read_ahead.alive
+    assert threading.active_count() <= before + 1  # at most fsspec's shared event-loop thread
+
+
+def test_read_ahead_propagates_errors_without_hanging(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=0, times=0)
+    stream = _fs.open_read(URL, proxy_options, FAST)
+    with pytest.raises(StorageError, match=r"after 4 attempts.*(Connection|reset)"):
+        stream.read()
+    stream.close()
+
+
+def test_tarfile_stream_mode_works_on_remote_stream(
+    moto_fs: Any, proxy_options: dict[str, Any]
+) -> None:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for index in range(50):
+            member = payload(30_000 + index, seed=index)
+            info = tarfile.TarInfo(f"{index:04d}.bin")
+            info.size = len(member)
+            tar.addfile(info, io.BytesIO(member))
+    moto_fs.pipe(URL, buffer.getvalue())
+    with (
+        _fs.open_read(URL, proxy_options, FAST) as stream,
+        tarfile.open(fileobj=stream, mode="r|*") as tar,
+    ):
+        names = [member.name for member in tar]
+    assert names == [f"{index:04d}.bin" for index in range(50)]
