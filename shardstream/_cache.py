@@ -1,8 +1,8 @@
 """A local folder that keeps whole remote shards for later epochs, least recently used evicted.
 
 Several DataLoader workers (processes) may share one folder, so every step is safe to race:
-a shard is written under a unique temporary name while it streams and renamed into place only
-when all of its bytes arrived (``os.replace`` is atomic); a cache hit opens the file and
+a shard is downloaded under a unique temporary name and renamed into place only when all of
+its bytes arrived (``os.replace`` is atomic); a cache hit opens the file and
 then "touches" it (its mtime is the last-use time); eviction tolerates files that another
 process removed first, and an open file stays readable after it is evicted (POSIX unlink).
 
@@ -16,17 +16,27 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import IO
 
-__all__ = ["CacheWriter", "ShardCache", "TeeChunks"]
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: processes may download a shard twice
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["CacheWriter", "ShardCache"]
 
 logger = logging.getLogger("shardstream.storage")
 
 _SUFFIX = ".shard"
 #: Temporary files older than this were left by a killed process and may be removed.
 _STALE_TEMP_S = 3600.0
+_LOCK_SUFFIX = ".lock"
+_THREAD_LOCKS: dict[str, threading.Lock] = {}
+_THREAD_LOCKS_GUARD = threading.Lock()
 
 
 class ShardCache:
@@ -64,6 +74,26 @@ class ShardCache:
         with contextlib.suppress(FileNotFoundError):
             os.utime(path)
         return stream
+
+    @contextlib.contextmanager
+    def lock(self, path: str) -> Iterator[None]:
+        """Hold the download lock of one entry (threads of this process, and other processes).
+
+        Readers of many pieces of one shard wait here for a single download instead of each
+        fetching the shard. The lock files are empty and stay next to the entries.
+        """
+        with _THREAD_LOCKS_GUARD:
+            thread_lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
+        with thread_lock:
+            if fcntl is None:
+                yield
+                return
+            with open(path + _LOCK_SUFFIX, "ab") as lock_file:
+                fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
 
     def start(self, path: str, size: int) -> CacheWriter | None:
         """A writer that fills ``path`` while the object streams, or ``None`` if it cannot."""
@@ -155,22 +185,3 @@ class CacheWriter:
     def _remove_temporary(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.temporary)
-
-
-class TeeChunks:
-    """A chunk source that also writes every chunk into the cache (see ``_stream``)."""
-
-    def __init__(self, source: object, writer: CacheWriter) -> None:
-        self._source, self._writer = source, writer
-
-    def next_chunk(self) -> bytes | None:
-        chunk = self._source.next_chunk()  # type: ignore[attr-defined]
-        if chunk is None:
-            self._writer.commit()
-        else:
-            self._writer.write(chunk)
-        return chunk
-
-    def close(self) -> None:
-        self._writer.abort()  # a no-op after commit
-        self._source.close()  # type: ignore[attr-defined]

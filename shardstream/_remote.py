@@ -1,9 +1,10 @@
-"""Reading remote objects: one long ranged GET per shard on S3, chunked ranges elsewhere.
+"""Reading remote objects: few, long ranged GETs per shard on S3, chunked ranges elsewhere.
 
 :func:`open_remote` is what ``_fs.open_read`` uses for every non-local URL. It asks for the
-object's size and ETag (HEAD), serves a local cache hit if there is one, and otherwise streams
-the object through a :class:`~shardstream._stream.ChunkFetcher` (retries, resume at the byte
-offset reached), optionally teeing it into the cache and prefetching in a background thread.
+object's size and ETag (HEAD); with a cache it downloads a missing object into the cache and
+opens the local file, otherwise it streams the object through a
+:class:`~shardstream._stream.ChunkFetcher` (retries, resume at the byte offset reached) and
+prefetches in a background thread.
 
 On S3 this module calls aiobotocore directly (through s3fs's session, so credentials and
 endpoints come from the usual places) and turns botocore's own retries off: the retry loop
@@ -22,7 +23,7 @@ from typing import IO, Any
 import fsspec
 from fsspec.asyn import sync
 
-from shardstream._cache import ShardCache, TeeChunks
+from shardstream._cache import ShardCache
 from shardstream._redact import redact_url, secret_values
 from shardstream._retry import Retrier
 from shardstream._stream import ChunkFetcher, ChunkSource, ReadAhead, RemoteStream
@@ -119,21 +120,21 @@ class _S3Source:
         self.etag = head.get("ETag")
         return int(head["ContentLength"]), self.etag
 
-    def open_body(self, offset: int, size: int) -> _S3Body:
+    def open_body(self, offset: int, end: int) -> _S3Body:
         # If-Match: a resumed read must never splice two versions of a rewritten object.
         match = {"IfMatch": self.etag} if self.etag else {}
         response = sync(
-            self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{size - 1}", **match
+            self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{end - 1}", **match
         )
         return _S3Body(self.fs, response["Body"], self.timeout_s)
 
 
 class _RangeBody:
-    def __init__(self, fs: Any, path: str, offset: int, size: int) -> None:
-        self._fs, self._path, self._offset, self._size = fs, path, offset, size
+    def __init__(self, fs: Any, path: str, offset: int, end: int) -> None:
+        self._fs, self._path, self._offset, self._end = fs, path, offset, end
 
     def read_chunk(self, num_bytes: int) -> bytes:
-        end = min(self._offset + num_bytes, self._size)
+        end = min(self._offset + num_bytes, self._end)
         data = bytes(self._fs.cat_file(self._path, start=self._offset, end=end))
         self._offset += len(data)
         return data
@@ -153,8 +154,8 @@ class _GenericSource:
         version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("created")
         return int(info["size"]), (str(version) if version is not None else None)
 
-    def open_body(self, offset: int, size: int) -> _RangeBody:
-        return _RangeBody(self.fs, self.path, offset, size)
+    def open_body(self, offset: int, end: int) -> _RangeBody:
+        return _RangeBody(self.fs, self.path, offset, end)
 
 
 def _chunk_bytes(read_ahead_bytes: int) -> int:
@@ -174,8 +175,34 @@ def _stat(source: Any, retrier: Retrier) -> tuple[int, str | None]:
         return size, etag
 
 
+def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] | None:
+    """Fetch the whole object into the cache (once per process and folder); open the entry."""
+    with cache.lock(path):
+        hit = cache.open_cached(path, fetcher.size)
+        if hit is not None:
+            return hit
+        writer = cache.start(path, fetcher.size)
+        if writer is None:
+            return None
+        try:
+            while (chunk := fetcher.next_chunk()) is not None:
+                writer.write(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            fetcher.close()
+        writer.commit()
+    return cache.open_cached(path, fetcher.size)
+
+
 def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: Any) -> IO[bytes]:
-    """Open a remote object for sequential reading with retries, read-ahead and cache.
+    """Open a remote object for reading with retries, read-ahead and an optional cache.
+
+    Without a cache the object streams through a seekable :class:`RemoteStream`. With
+    ``options.cache_dir`` a miss downloads the whole object into the cache first (retried and
+    resumed like any read; one download per shard even when many pieces of it are opened) and
+    every open returns the local file, so later epochs never touch the network.
 
     Args:
         url: The object's URL (``s3://bucket/key``, ``gs://...``, ``memory://...``).
@@ -183,7 +210,7 @@ def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: An
         options: A ``shardstream._fs.ReadOptions``.
 
     Returns:
-        A read-only binary file object; a plain local file on a cache hit.
+        A read-only, seekable binary file object.
     """
     shown = redact_url(url)
     fs, path = read_filesystem(url, storage_options, options.timeout_s)
@@ -196,18 +223,17 @@ def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: An
         secret_values(storage_options), stop,
     )  # fmt: skip
     size, etag = _stat(source, retrier)
-    writer = None
+    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
     if options.cache_dir:
         cache = ShardCache(options.cache_dir, options.cache_max_bytes)
-        cache_path = cache.path_for(shown, size, etag)
-        hit = cache.open_cached(cache_path, size)
-        if hit is not None:
-            return hit
-        writer = cache.start(cache_path, size)
-    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
+        whole = ChunkFetcher(
+            source, size, _MAX_CHUNK_BYTES, retrier, first_span_bytes=_MAX_CHUNK_BYTES
+        )
+        local = _download(cache, cache.path_for(shown, size, etag), whole)
+        if local is not None:
+            return local
+        stop.clear()  # too big for the cache, or the disk failed: stream it instead
     chunks: ChunkSource = ChunkFetcher(source, size, chunk_bytes, retrier)
-    if writer is not None:
-        chunks = TeeChunks(chunks, writer)
     if options.read_ahead_bytes > 0 and size > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, stop)
     return RemoteStream(chunks, shown, size)

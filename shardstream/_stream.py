@@ -27,6 +27,10 @@ __all__ = ["ChunkFetcher", "ChunkSource", "RangeBody", "RangeSource", "ReadAhead
 
 logger = logging.getLogger("shardstream.storage")
 
+#: A forward seek up to this far reads and drops the bytes in between (an open response is
+#: cheaper than a new request); a longer one starts a new ranged request at the target.
+_SKIP_BY_READING_BYTES = 4 * 2**20
+
 
 class RangeBody(Protocol):
     """An open response body: ``read_chunk(n)`` returns up to ``n`` bytes, ``b""`` at its end."""
@@ -36,46 +40,76 @@ class RangeBody(Protocol):
 
 
 class RangeSource(Protocol):
-    """Opens an object's bytes ``[offset, size)`` for sequential reading."""
+    """Opens an object's bytes ``[offset, end)`` for sequential reading (one ranged GET)."""
 
-    def open_body(self, offset: int, size: int) -> RangeBody: ...
+    def open_body(self, offset: int, end: int) -> RangeBody: ...
 
 
 class ChunkSource(Protocol):
     """Anything that yields an object's bytes in order: ``next_chunk()`` is ``None`` at EOF."""
 
     def next_chunk(self) -> bytes | None: ...
+    def seek(self, offset: int) -> None: ...
     def close(self) -> None: ...
 
 
 class ChunkFetcher:
-    """Fetches ``size`` bytes in order, retrying and resuming at the offset reached.
+    """Fetches an object in order, retrying and resuming at the offset reached.
+
+    Bytes come from ranged requests whose length starts at ``first_span_bytes`` and doubles up
+    to ``max_span_bytes``: a caller that reads only a short piece of a shard wastes little
+    transfer, while a whole-shard read quickly settles on a few long requests.
 
     Args:
-        source: Opens bodies at a byte offset.
+        source: Opens bodies for byte ranges.
         size: Object size in bytes (from a HEAD request).
         chunk_bytes: Bytes returned per ``next_chunk()`` (the last one may be shorter).
         retrier: Counts failures, sleeps between tries, raises when the budget is spent.
+        first_span_bytes: Length of the first ranged request after an open or a seek.
+        max_span_bytes: Longest ranged request.
     """
 
-    def __init__(self, source: RangeSource, size: int, chunk_bytes: int, retrier: Retrier):
+    def __init__(
+        self,
+        source: RangeSource,
+        size: int,
+        chunk_bytes: int,
+        retrier: Retrier,
+        first_span_bytes: int = 2**20,
+        max_span_bytes: int = 64 * 2**20,
+    ) -> None:
         self.source, self.size, self.chunk_bytes, self.retrier = source, size, chunk_bytes, retrier
+        self.first_span_bytes, self.max_span_bytes = first_span_bytes, max_span_bytes
         self.offset = 0
+        self._span = first_span_bytes
         self._body: RangeBody | None = None
+        self._body_end = 0
+
+    def seek(self, offset: int) -> None:
+        """Continue from ``offset`` (drops the open response)."""
+        self._close_body()
+        self.offset = max(0, min(offset, self.size))
+        self._span = self.first_span_bytes
+
+    def _open_body(self) -> RangeBody:
+        end = min(self.size, self.offset + self._span)
+        body = self.source.open_body(self.offset, end)
+        self._body, self._body_end = body, end
+        self._span = min(self.max_span_bytes, 2 * self._span)
+        return body
 
     def next_chunk(self) -> bytes | None:
-        """The next chunk of the object, or ``None`` once all ``size`` bytes were returned."""
+        """The next chunk of the object, or ``None`` at its end (or once stopped)."""
         while self.offset < self.size:
             if self.retrier.stop.is_set():
                 return None
-            wanted = min(self.chunk_bytes, self.size - self.offset)
             try:
-                if self._body is None:
-                    self._body = self.source.open_body(self.offset, self.size)
-                chunk = self._body.read_chunk(wanted)
+                body = self._body or self._open_body()
+                chunk = body.read_chunk(min(self.chunk_bytes, self._body_end - self.offset))
                 if not chunk:
                     raise ShortReadError(
-                        f"response body ended at byte {self.offset}, expected {self.size} bytes"
+                        f"response body ended at byte {self.offset}, expected bytes up to "
+                        f"{self._body_end}"
                     )
             except Exception as exc:  # classified by the retrier: retry, or raise clearly
                 self._close_body()
@@ -83,6 +117,8 @@ class ChunkFetcher:
                 continue
             self.retrier.succeeded()
             self.offset += len(chunk)
+            if self.offset >= self._body_end:
+                self._close_body()
             return chunk
         self._close_body()
         return None
@@ -104,8 +140,10 @@ class ChunkFetcher:
 class ReadAhead:
     """Runs a :class:`ChunkSource` in a daemon thread, keeping at most ``max_bytes`` queued.
 
-    Errors raised by the source are re-raised to the caller of :meth:`next_chunk`. ``close()``
-    stops the thread; it never blocks longer than ``join_timeout_s``.
+    The thread starts on the first ``next_chunk()``. Its window starts at two chunks and grows
+    by what the caller consumes, up to ``max_bytes``, so a stream that is opened for a short
+    piece holds little memory, and a whole-shard stream soon prefetches the full amount.
+    Errors raised by the source are re-raised to the caller of :meth:`next_chunk`.
     """
 
     def __init__(
@@ -115,18 +153,14 @@ class ReadAhead:
         self._stop = stop
         self._chunks: collections.deque[bytes] = collections.deque()
         self.buffered_bytes = 0
+        self.window_bytes = min(max_bytes, 2 * chunk_bytes)
         self._done = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self._thread = threading.Thread(
-            target=self._run, name="shardstream-read-ahead", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     def _has_room(self) -> bool:
-        return (
-            self.buffered_bytes == 0 or self.buffered_bytes + self._chunk_bytes <= self._max_bytes
-        )
+        return self.buffered_bytes + self._chunk_bytes <= max(self.window_bytes, self._chunk_bytes)
 
     def _run(self) -> None:
         try:
@@ -138,8 +172,7 @@ class ReadAhead:
                         return
                 chunk = self._source.next_chunk()
                 with self._cond:
-                    if chunk is None:
-                        self._done = True
+                    if chunk is None or self._stop.is_set():
                         return
                     self._chunks.append(chunk)
                     self.buffered_bytes += len(chunk)
@@ -151,36 +184,54 @@ class ReadAhead:
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
-            self._source.close()
 
     def next_chunk(self) -> bytes | None:
         """The next chunk (blocking until fetched), or ``None`` at the end of the object."""
         with self._cond:
+            if self._thread is None and not self._stop.is_set():
+                self._thread = threading.Thread(
+                    target=self._run, name="shardstream-read-ahead", daemon=True
+                )
+                self._thread.start()
             while not self._chunks and not self._done:
                 self._cond.wait()
             if self._chunks:
                 chunk = self._chunks.popleft()
                 self.buffered_bytes -= len(chunk)
+                self.window_bytes = min(self._max_bytes, self.window_bytes + len(chunk))
                 self._cond.notify_all()
                 return chunk
             if self._error is not None:
                 raise self._error
             return None
 
-    def close(self, join_timeout_s: float = 5.0) -> None:
-        """Stop the thread and drop queued chunks."""
+    def _halt(self, join_timeout_s: float) -> None:
         self._stop.set()
         with self._cond:
+            self._cond.notify_all()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout_s)
+        with self._cond:  # after the join: the thread may have queued one last chunk
             self._chunks.clear()
             self.buffered_bytes = 0
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(join_timeout_s)
+
+    def seek(self, offset: int) -> None:
+        """Drop what was prefetched and continue from ``offset``."""
+        self._halt(join_timeout_s=60.0)
+        self._stop.clear()
+        self._done, self._error = False, None
+        self._source.seek(offset)
+
+    def close(self, join_timeout_s: float = 5.0) -> None:
+        """Stop the thread, drop queued chunks and the open response."""
+        self._halt(join_timeout_s)
+        self._source.close()
 
     @property
     def alive(self) -> bool:
         """True while the background thread runs."""
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
 
 class RemoteStream(io.RawIOBase):
@@ -205,9 +256,32 @@ class RemoteStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        return True
+
     def tell(self) -> int:
-        """Bytes delivered so far."""
+        """The offset of the next byte :meth:`read` returns."""
         return self._offset
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to a byte offset; short forward hops read on, longer jumps start a new request."""
+        if self.closed:
+            raise ValueError(f"{self.url}: seek on a closed stream")
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._offset, io.SEEK_END: self.size}[whence]
+        target = min(base + offset, self.size)
+        if target < 0:
+            raise ValueError(f"{self.url}: cannot seek to negative offset {target}")
+        distance = target - self._offset
+        if 0 <= distance <= max(len(self._current), _SKIP_BY_READING_BYTES):
+            while distance > 0:
+                skipped = len(self.read(min(distance, 2**20)))
+                if not skipped:
+                    break
+                distance -= skipped
+            return self._offset
+        self._chunks.seek(target)
+        self._current, self._offset, self._eof = memoryview(b""), target, False
+        return target
 
     @property
     def read_ahead(self) -> Any:

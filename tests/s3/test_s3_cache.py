@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import threading
 import time
 from typing import Any
 
+import pytest
+
 from shardstream import _fs
+from shardstream.errors import StorageError
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 
@@ -38,7 +42,8 @@ def read(name: str, options: dict[str, Any], read_options: _fs.ReadOptions) -> b
 
 
 def cached_files(folder: pathlib.Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
+    """Cache entries and temporary files (not the empty lock files)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock"))
 
 
 def test_cache_hit_avoids_the_network(
@@ -54,19 +59,33 @@ def test_cache_hit_avoids_the_network(
     assert fault_proxy.count("GET", "/cache/a.tar") == 1, "later epochs read the local copy"
 
 
-def test_partial_or_failed_reads_are_not_cached(
+def test_pieces_of_a_shard_share_one_download(
     moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
 ) -> None:
     blobs = put(moto_fs, "a")
     options = cache_options(tmp_path / "cache")
-    with _fs.open_read(url("a"), proxy_options, options) as stream:
-        assert stream.read(1000) == blobs["a"][:1000]
-    assert cached_files(tmp_path / "cache") == [], "no entry and no temporary file is left"
-    # A read that resumes after a fault still caches exactly the object's bytes.
+    for start in (0, 200_000, 400_000):  # the reader opens a shard once per piece
+        with _fs.open_read(url("a"), proxy_options, options) as stream:
+            stream.seek(start)
+            assert stream.read(1000) == blobs["a"][start : start + 1000]
+    assert fault_proxy.count("GET", "/cache/a.tar") == 1
+
+
+def test_failed_downloads_leave_no_entry_and_faults_are_resumed(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
+) -> None:
+    blobs = put(moto_fs, "a")
+    folder = tmp_path / "cache"
+    options = dataclasses.replace(cache_options(folder), max_attempts=2)
+    fault_proxy.add(method="GET", path_contains="/cache/a.tar", action="503", times=2)
+    with pytest.raises(StorageError):
+        read("a", proxy_options, options)
+    assert cached_files(folder) == [], "no entry and no temporary file is left"
+    # A download that resumes after a fault caches exactly the object's bytes.
     fault_proxy.add(method="GET", path_contains="/cache/a.tar", action="cut", after_bytes=300_001)
     assert read("a", proxy_options, options) == blobs["a"]
-    (entry,) = (tmp_path / "cache").iterdir()
-    assert entry.read_bytes() == blobs["a"]
+    (entry,) = cached_files(folder)
+    assert (folder / entry).read_bytes() == blobs["a"]
 
 
 def test_lru_eviction_keeps_the_folder_within_its_limit(
@@ -78,7 +97,7 @@ def test_lru_eviction_keeps_the_folder_within_its_limit(
     for name in ("a", "b", "a", "c"):  # "a" is used again, so "b" is the least recently used
         assert read(name, proxy_options, options) == blobs[name]
         time.sleep(0.02)  # distinct last-use times
-    sizes = [p.stat().st_size for p in folder.iterdir()]
+    sizes = [(folder / name).stat().st_size for name in cached_files(folder)]
     assert sum(sizes) <= options.cache_max_bytes and len(sizes) == 2
     fault_proxy.clear()
     assert read("a", proxy_options, options) == blobs["a"]
