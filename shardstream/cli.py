@@ -106,6 +106,8 @@ class _Bar:
     def __init__(self) -> None:
         from tqdm import tqdm
 
+        # No monitor thread: a single-threaded builder may fork its workers (see execute.py).
+        tqdm.monitor_interval = 0
         self._bar = tqdm(unit="files", dynamic_ncols=True, file=sys.stderr)
 
     def update(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import threading
 from collections.abc import Callable, Iterable
+from multiprocessing.context import BaseContext
 
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
 
@@ -32,14 +34,24 @@ def run_tasks(
             on_result(write_chunk(task))
         return
     own = executor is None
-    pool = executor or cf.ProcessPoolExecutor(
-        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
-    )
+    pool = executor or cf.ProcessPoolExecutor(max_workers=workers, mp_context=_process_context())
     try:
         _submit_bounded(pool, tasks, on_result, max_in_flight=2 * workers)
     finally:
         if own:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _process_context() -> BaseContext:
+    """``fork`` where it is safe (Linux, no other threads), else ``spawn``.
+
+    Forked workers start in milliseconds and need neither an ``if __name__ == "__main__"`` guard
+    nor a re-import of the caller's main module (which often imports torch: seconds per worker).
+    Forking a process that runs other threads can deadlock a child, so then spawn is used.
+    """
+    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def _submit_bounded(
