@@ -2,19 +2,23 @@
 
 A worker reads many short pieces, several from the same shard. Each open records the byte offset
 of every sample it passes in a bounded per-process index, so the next piece of that shard seeks
-straight to its first sample instead of hopping over the members before it.
+straight to its first sample instead of hopping over the members before it. A
+:class:`HandlePool` keeps recently used local shard files open, so a piece costs a seek rather
+than an open (remote streams are never reused: their read-ahead is positional).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from shardstream import _fs
 from shardstream.errors import ShardFormatError
 from shardstream.streaming.tario import Sample, TarReader, iter_samples, open_tar
 
-__all__ = ["OffsetIndex", "read_piece"]
+__all__ = ["HandlePool", "OffsetIndex", "read_piece"]
 
 Opener = Callable[[str], IO[bytes]]
 
@@ -40,6 +44,69 @@ class OffsetIndex:
         else:
             self._offsets.move_to_end(url)
         return offsets
+
+
+class HandlePool:
+    """Idle open handles of local shard files, reused by later pieces (least recently used closed).
+
+    A handle is lent to one piece at a time, so pieces of one shard read at once never share a
+    file position. Call :meth:`close` when the epoch ends (the worker does, also on errors).
+
+    Args:
+        opener: Opens a URL for binary reading.
+        max_idle: Idle handles kept open; each costs one file descriptor.
+
+    Example:
+        >>> pool = HandlePool(open)  # doctest: +SKIP
+        >>> with pool.lend("shard-000000.tar") as stream: ...  # doctest: +SKIP
+        >>> pool.close()  # doctest: +SKIP
+    """
+
+    def __init__(self, opener: Opener, max_idle: int = 64) -> None:
+        self._opener = opener
+        self._max_idle = max_idle
+        self._idle: collections.OrderedDict[int, tuple[str, IO[bytes]]] = collections.OrderedDict()
+        self._closed = False
+
+    @property
+    def num_idle(self) -> int:
+        """Handles currently kept open while unused."""
+        return len(self._idle)
+
+    @contextlib.contextmanager
+    def lend(self, url: str) -> Iterator[IO[bytes]]:
+        """Yield a handle of ``url`` positioned at byte 0; give it back (or close it) after."""
+        stream = self._take(url)
+        reusable = False
+        try:
+            yield stream
+            reusable = not self._closed and _fs.is_local(url)
+        finally:
+            if reusable:
+                self._give_back(url, stream)
+            else:
+                stream.close()
+
+    def _take(self, url: str) -> IO[bytes]:
+        for slot, (idle_url, stream) in reversed(self._idle.items()):
+            if idle_url == url:
+                del self._idle[slot]
+                stream.seek(0)
+                return stream
+        return self._opener(url)
+
+    def _give_back(self, url: str, stream: IO[bytes]) -> None:
+        self._idle[id(stream)] = (url, stream)
+        while len(self._idle) > self._max_idle:
+            _, (_, oldest) = self._idle.popitem(last=False)
+            oldest.close()
+
+    def close(self) -> None:
+        """Close every idle handle; handles still lent are closed when given back."""
+        self._closed = True
+        while self._idle:
+            _, (_, stream) = self._idle.popitem(last=False)
+            stream.close()
 
 
 def _position(reader: TarReader, offsets: list[int], start: int) -> int:
@@ -70,6 +137,8 @@ def read_piece(
     url: str, start: int, stop: int | None, opener: Opener, index: OffsetIndex | None = None
 ) -> Iterator[Sample]:
     """Yield samples ``start..stop-1`` of the shard at ``url`` (to the end when ``stop`` is None).
+
+    ``opener`` may be :meth:`HandlePool.lend` to reuse open local files across pieces.
 
     Raises:
         ShardFormatError: The shard is corrupt, truncated, or has fewer than ``stop`` samples.

@@ -15,7 +15,7 @@ from typing import Any
 
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
 from shardstream.streaming.interleave import Interleave
-from shardstream.streaming.pieces import OffsetIndex, Opener, read_piece
+from shardstream.streaming.pieces import HandlePool, OffsetIndex, Opener, read_piece
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import Piece
 
@@ -94,7 +94,7 @@ def fast_forward(job: WorkerJob) -> dict[str, Any]:
 
 
 def _real_opener(
-    job: WorkerJob, opener: Opener, skipped: list[int]
+    job: WorkerJob, pool: HandlePool, skipped: list[int]
 ) -> Callable[..., Iterator[Any]]:
     index = OffsetIndex()
 
@@ -102,7 +102,7 @@ def _real_opener(
         piece = job.pieces[number]
         url = job.urls[piece.shard]
         end = None if stop < 0 else piece.start + stop
-        samples = read_piece(url, piece.start + start, end, opener, index)
+        samples = read_piece(url, piece.start + start, end, pool.lend, index)
         return guard_piece(
             samples, url, None if end is None else stop - start, job.on_error, skipped
         )
@@ -124,18 +124,40 @@ def run_worker(
     of batches.
     """
     skipped = [0]
-    stages = build_stages(job, _real_opener(job, opener, skipped))
+    pool = HandlePool(opener, max_idle=max(64, 2 * job.num_open))
+    try:
+        stages = build_stages(job, _real_opener(job, pool, skipped))
+        yield from _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
+    finally:
+        pool.close()
+    if skipped[0]:
+        logger.warning("worker %s skipped %d sample(s) this epoch", job.seed[2:], skipped[0])
+
+
+def _slots(job: WorkerJob, stages: ShuffleBuffer) -> Iterator[Any]:
+    """The worker's stream of raw samples, fast-forwarded past what a resume skips."""
     known = all(length is not None for length in job.lengths)
     if job.skip_samples and known:
         stages.load_state_dict(fast_forward(job))
     slots: Iterator[Any] = (sample for _, sample in stages)
     if job.skip_samples and not known:  # no manifest: replay and skip (read, not decoded)
         slots = itertools.islice(slots, job.skip_samples, None)
+    return slots
+
+
+def _batches(
+    slots: Iterator[Any],
+    convert: Callable[[dict[str, Any]], Any],
+    batch_size: int | None,
+    collate: Callable[[Sequence[Any]], Any],
+    job: WorkerJob,
+    skipped: list[int],
+) -> Iterator[Any]:
     size = batch_size or 1
     while True:
         chunk = list(itertools.islice(slots, size))
         if not chunk:
-            break
+            return
         converted = [_convert(sample, convert, job.on_error, skipped) for sample in chunk]
         kept = [value for value in converted if value is not None]
         if batch_size is None:
@@ -147,8 +169,6 @@ def run_worker(
                 f"all {len(chunk)} samples of one batch failed to load (see the log); an empty "
                 "batch cannot be collated. Check the shards with `shardstream verify`."
             )
-    if skipped[0]:
-        logger.warning("worker %s skipped %d sample(s) this epoch", job.seed[2:], skipped[0])
 
 
 def _convert(sample: Any, convert: Callable[[Any], Any], on_error: str, skipped: list[int]) -> Any:

@@ -149,8 +149,10 @@ class TarReader:
             if not want_data:
                 self._skip(padded, f"member {name!r}")
                 return name, None, start
-            data = self._read(padded, f"member {name!r}")
-            return name, data[:size] if padded != size else data, start
+            # Read exactly the member (no slice copy of the padded block), then hop the padding.
+            data = self._read(size, f"member {name!r}")
+            self._skip(padded - size, f"member {name!r}")
+            return name, data, start
 
 
 def _is_seekable(stream: Any) -> bool:
