@@ -1,26 +1,96 @@
-"""Collating samples into batches inside the DataLoader workers.
+"""Collating samples into batches inside the DataLoader workers, into shared memory.
 
-One batch crosses the worker queue as one pickle (and one shared-memory tensor for the images),
-instead of one pickle per sample.
+One batch crosses the worker queue as one pickle holding one shared-memory tensor for the images,
+instead of one pickle per sample or pickled image bytes:
+
+- decoded images of equal shape are stacked straight into a shared-memory tensor (as
+  ``default_collate`` does in workers), so the training process copies nothing;
+- raw (undecoded) images are packed into ONE flat ``uint8`` shared-memory tensor and handed out
+  as a list of 1-D ``uint8`` views into it (:class:`ByteViews`): the storage crosses the queue
+  once and each view carries only offsets. The views feed
+  ``torchvision.io.decode_jpeg(views, device="cuda")`` directly; ``bytes(view.numpy())`` gives
+  the original bytes back.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["collate_dicts", "collate_pairs", "stack_or_list"]
+import numpy as np
+
+from shardstream.streaming.context import in_worker
+
+__all__ = ["ByteViews", "collate_dicts", "collate_pairs", "pack_bytes", "stack_or_list"]
 
 
-def stack_or_list(values: Sequence[Any]) -> Any:
-    """Stack tensors of equal shape (or numpy arrays) into one tensor; otherwise a list."""
+class ByteViews(list):  # type: ignore[type-arg]
+    """A list of 1-D ``uint8`` tensor views into one flat buffer; pickles as buffer + offsets.
+
+    Unpickled (e.g. in the training process) it becomes a plain ``list`` of views again.
+    """
+
+    def __init__(self, buffer: Any, bounds: Sequence[int]) -> None:
+        super().__init__(buffer[start:stop] for start, stop in itertools.pairwise(bounds))
+        self.buffer, self.bounds = buffer, tuple(bounds)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpack, (self.buffer, self.bounds)
+
+    def __copy__(self) -> ByteViews:
+        return ByteViews(self.buffer, self.bounds)
+
+
+def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
+    return [buffer[start:stop] for start, stop in itertools.pairwise(bounds)]
+
+
+def pack_bytes(blobs: Sequence[bytes], shared: bool | None = None) -> ByteViews:
+    """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
+
+    Args:
+        blobs: Encoded images (any bytes-like objects).
+        shared: Put the buffer in shared memory; by default only inside DataLoader workers.
+
+    Example:
+        >>> [bytes(view.numpy()) for view in pack_bytes([b"ab", b"", b"c"], shared=False)]
+        [b'ab', b'', b'c']
+    """
+    import torch
+
+    bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
+    buffer = torch.empty(bounds[-1], dtype=torch.uint8)
+    if in_worker() if shared is None else shared:
+        buffer.share_memory_()
+    flat = buffer.numpy()
+    for blob, (start, stop) in zip(blobs, itertools.pairwise(bounds), strict=True):
+        flat[start:stop] = np.frombuffer(blob, dtype=np.uint8)
+    return ByteViews(buffer, bounds)
+
+
+def stack_or_list(values: Sequence[Any], pack: bool = False) -> Any:
+    """Stack tensors of equal shape into one tensor (shared memory in workers); else a list.
+
+    With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat shared buffer.
+    """
     import torch
 
     first = values[0] if values else None
+    if (
+        pack
+        and isinstance(first, (bytes, bytearray, memoryview))
+        and all(isinstance(v, (bytes, bytearray, memoryview)) for v in values)
+    ):
+        return pack_bytes(values)
     if isinstance(first, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
     ):
-        return torch.stack(list(values))
+        out = None
+        if in_worker():  # stack into shared memory: the training process then copies nothing
+            storage = first.untyped_storage()._new_shared(len(values) * first.nbytes)
+            out = first.new(storage).resize_(len(values), *first.shape)
+        return torch.stack(list(values), out=out)
     return list(values)
 
 
@@ -28,13 +98,16 @@ def collate_pairs(pairs: Sequence[tuple[Any, int]]) -> tuple[Any, Any]:
     """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor."""
     import torch
 
-    images = stack_or_list([image for image, _ in pairs])
+    images = stack_or_list([image for image, _ in pairs], pack=True)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
     return images, labels
 
 
 def collate_dicts(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked)."""
+    """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked).
+
+    Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes.
+    """
     import torch
 
     keys = list(samples[0]) if samples else []
@@ -44,5 +117,5 @@ def collate_dicts(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if key == "label":
             batch[key] = torch.tensor(values, dtype=torch.int64)
         else:
-            batch[key] = stack_or_list(values)
+            batch[key] = stack_or_list(values, pack=key == "image")
     return batch

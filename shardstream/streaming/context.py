@@ -10,7 +10,7 @@ import dataclasses
 
 from shardstream.errors import ConfigError
 
-__all__ = ["Context", "current_context"]
+__all__ = ["Context", "current_context", "in_worker"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,3 +60,10 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
     if info is None:
         return Context(rank, world_size)
     return Context(rank, world_size, info.id, info.num_workers)
+
+
+def in_worker() -> bool:
+    """True inside a DataLoader worker process (where batches should go to shared memory)."""
+    import torch.utils.data
+
+    return torch.utils.data.get_worker_info() is not None

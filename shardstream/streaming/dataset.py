@@ -15,6 +15,7 @@ from shardstream.errors import ConfigError
 from shardstream.streaming import batch as batching
 from shardstream.streaming.context import Context, current_context
 from shardstream.streaming.decode import min_side_of, split_sample
+from shardstream.streaming.fastcrop import crop_decoder_for
 from shardstream.streaming.pipeline import WorkerJob, run_worker
 from shardstream.streaming.shardlist import Source, resolve_source
 from shardstream.streaming.split import (
@@ -80,7 +81,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
         shuffle: Shuffle shard order, pieces and samples per epoch (seeded; see ``set_epoch``).
         seed: Seed of every random choice; identical on every rank.
         decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor) or ``f(bytes, ext)``.
-        transform: Applied to each decoded image (torchvision v2 transforms work).
+        transform: Applied to each decoded image (torchvision v2 transforms work). A v2
+            ``Compose`` starting with ``RandomResizedCrop`` takes a faster path that draws the
+            crop first and decodes JPEGs at the lowest resolution that keeps it (see
+            :mod:`shardstream.streaming.fastcrop`); ``Resize`` first decodes at reduced scale.
         batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
             batch_size=None)``); None yields single samples.
         policy: ``"pad"`` (every sample at least once, < world_size repeated) or ``"drop"``
@@ -127,6 +131,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
         self._min_side = min_side_of(transform) if transform is not None else None
+        # Fast path: RandomResizedCrop-first transforms decode only the resolution they keep.
+        self._crop_decoder = (
+            crop_decoder_for(transform, decode) if isinstance(decode, str) else None
+        )
 
     @property
     def has_counts(self) -> bool:
@@ -237,10 +245,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
         return [Piece(shard, 0, -1) for shard in order[slot::slots]]
 
     def _convert(self, sample: dict[str, Any]) -> Any:
+        decode = self._crop_decoder or self.decode  # the crop decoder also transforms
         image, label, fields = split_sample(
-            sample, self.decode, self._min_side, self.options.allow_pickle
+            sample, decode, self._min_side, self.options.allow_pickle
         )
-        if self.transform is not None and image is not None:
+        if self.transform is not None and image is not None and self._crop_decoder is None:
             image = self.transform(image)
         if self.options.output == "pair":
             return image, label
