@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
@@ -28,10 +29,12 @@ __all__ = [
     "join",
     "list_names",
     "makedirs",
+    "move",
     "open_atomic_write",
     "open_read",
     "read_bytes",
     "remove",
+    "remove_folder",
     "resolve",
     "size",
 ]
@@ -175,6 +178,60 @@ def remove(url: str, storage_options: StorageOptions = None, missing_ok: bool = 
             raise
 
 
+def move(src_url: str, dst_url: str, storage_options: StorageOptions = None) -> None:
+    """Move one file or object so that ``dst_url`` appears complete or not at all.
+
+    Local files are renamed (``os.replace``). On object stores the bytes never leave the
+    server: the object is copied server-side (S3 ``CopyObject``, which publishes the target
+    atomically; s3fs switches to a multipart ``UploadPartCopy`` above 150 MiB, which also
+    becomes visible only when it completes) and the source is deleted afterwards. A process
+    killed in between leaves both, so a retried move simply copies again. Other fsspec
+    filesystems use their own ``mv``.
+
+    Args:
+        src_url: The file or object to move.
+        dst_url: Its new URL, on the same filesystem (replaced if it exists).
+        storage_options: fsspec options (credentials, ``endpoint_url``...).
+
+    Raises:
+        FileNotFoundError: ``src_url`` does not exist.
+
+    Example:
+        >>> move("s3://bucket/out/_tmp/part-0.tar", "s3://bucket/out/shard-000000.tar",
+        ...      {"endpoint_url": "http://127.0.0.1:9000"})  # doctest: +SKIP
+    """
+    fs, source = resolve(src_url, storage_options)
+    _, target = resolve(dst_url, storage_options)
+    if isinstance(fs, LocalFileSystem):
+        os.replace(source, target)
+    elif _protocols(fs) & _ATOMIC_PUT_PROTOCOLS:
+        fs.cp_file(source, target)
+        fs.rm_file(source)
+    else:
+        fs.mv(source, target)
+    _forget_listings(fs, target)
+
+
+def remove_folder(folder_url: str, storage_options: StorageOptions = None) -> None:
+    """Delete a folder (or every object under a prefix) and all it holds; missing is fine.
+
+    On object stores this also removes the "folder" markers some filesystems keep (for
+    example ``memory://``), so nothing of the folder stays listed.
+    """
+    fs, path = resolve(folder_url, storage_options)
+    _forget_listings(fs, path)
+    if isinstance(fs, LocalFileSystem):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path.rstrip("/"), recursive=True)
+    _forget_listings(fs, path)
+
+
+def _protocols(fs: Any) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+
+
 @contextlib.contextmanager
 def open_atomic_write(
     url: str, storage_options: StorageOptions = None, part_size_bytes: int = DEFAULT_PART_SIZE_BYTES
@@ -203,8 +260,7 @@ def open_atomic_write(
         with _local_atomic_write(path) as stream:
             yield stream
         return
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if protocols & _ATOMIC_PUT_PROTOCOLS:
+    if _protocols(fs) & _ATOMIC_PUT_PROTOCOLS:
         stream = fs.open(path, "wb", block_size=part_size_bytes)
         try:
             yield stream

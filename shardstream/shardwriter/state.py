@@ -13,12 +13,9 @@ the manifest is written last, and the state folder is removed. Temporary names n
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
 import logging
-import os
-import shutil
 
 from shardstream import _fs
 from shardstream.errors import DatasetExistsError, ManifestError
@@ -224,27 +221,12 @@ def finalize_shards(
     for part, final in final_names(results):
         source = _fs.join(state_url, part.name)
         if _fs.exists(source, storage_options):
-            _move(source, _fs.join(dest, final), storage_options)
+            # Server-side on object stores: a rename locally, CopyObject + delete on S3.
+            _fs.move(source, _fs.join(dest, final), storage_options)
         shards.append(ShardInfo(final, part.num_samples, part.num_bytes, part.sha256))
     return shards
 
 
-def _move(source: str, target: str, storage_options: _fs.StorageOptions) -> None:
-    if "://" not in source and "://" not in target:
-        os.replace(source, target)
-        return
-    with (
-        _fs.open_read(source, storage_options) as reader,
-        _fs.open_atomic_write(target, storage_options) as writer,
-    ):
-        shutil.copyfileobj(reader, writer, 8 * 2**20)
-    _fs.remove(source, storage_options)
-
-
 def remove_state(state_url: str, storage_options: _fs.StorageOptions = None) -> None:
-    """Delete the build-state folder and everything in it."""
-    for name in _fs.list_names(state_url, storage_options):
-        _fs.remove(_fs.join(state_url, name), storage_options)
-    if "://" not in state_url:
-        with contextlib.suppress(OSError):
-            os.rmdir(state_url)
+    """Delete the build-state folder and everything in it (its prefix, on object stores)."""
+    _fs.remove_folder(state_url, storage_options)
