@@ -1,7 +1,10 @@
 """The ``shardstream`` command line: ``build``, ``inspect`` and ``verify``.
 
 Each subcommand is one ``_add_*`` function registering its parser and a handler returning the
-exit status; add a subcommand by appending to ``SUBCOMMANDS``.
+exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
+``--storage-option KEY=VALUE`` (repeatable) for remote URLs; what the command line prints
+(summaries, errors, log lines) goes through :mod:`shardstream._redact`, so secrets passed that
+way, or in a URL, never appear in its output.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardstream._redact import redact_text, redact_url, secret_values
 from shardstream.errors import ShardstreamError
 
-__all__ = ["SUBCOMMANDS", "main", "parse_size"]
+__all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 _UNITS = {
     "": 1,
@@ -45,6 +49,49 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def parse_storage_option(text: str) -> tuple[str, Any]:
+    """``"anon=false"`` -> ``("anon", False)``; a value that is not JSON stays a string.
+
+    Example:
+        >>> parse_storage_option("endpoint_url=http://127.0.0.1:9000")
+        ('endpoint_url', 'http://127.0.0.1:9000')
+        >>> parse_storage_option('config_kwargs={"max_pool_connections": 64}')
+        ('config_kwargs', {'max_pool_connections': 64})
+    """
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise argparse.ArgumentTypeError(
+            "invalid storage option (the value is not shown); expected KEY=VALUE, e.g. "
+            "endpoint_url=http://127.0.0.1:9000 or anon=false"
+        )
+    try:
+        return name.strip(), json.loads(value)
+    except ValueError:
+        return name.strip(), value
+
+
+def _add_storage_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage-option",
+        dest="storage_options",
+        action="append",
+        type=parse_storage_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for remote URLs, repeatable; VALUE is parsed as JSON when it "
+        "parses, e.g. endpoint_url=http://127.0.0.1:9000 anon=false",
+    )
+
+
+def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    return dict(args.storage_options) or None
+
+
+def _shown(args: argparse.Namespace) -> str:
+    """DEST as it may be printed: without userinfo, signatures or option secrets."""
+    return redact_text(redact_url(args.dest), secret_values(_storage_options(args)))
+
+
 def _human(num_bytes: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if num_bytes < 1000 or unit == "TB":
@@ -68,6 +115,7 @@ def _add_build(subparsers: Any) -> None:
     parser.add_argument("--on-error", choices=("raise", "skip"), default="raise")
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    _add_storage_options(parser)
     parser.set_defaults(handler=_run_build)
 
 
@@ -88,13 +136,17 @@ def _run_build(args: argparse.Namespace) -> int:
     bar = _progress_bar(args.quiet)
     try:
         manifest = build_shards(
-            args.source, args.dest, options, progress=bar.update if bar else None
+            args.source,
+            args.dest,
+            options,
+            storage_options=_storage_options(args),
+            progress=bar.update if bar else None,
         )
     finally:
         if bar:
             bar.close()
     print(
-        f"{args.dest}: {manifest.num_samples} samples in {len(manifest.shards)} shards, "
+        f"{_shown(args)}: {manifest.num_samples} samples in {len(manifest.shards)} shards, "
         f"{_human(manifest.num_bytes)}; {len(manifest.skipped)} skipped"
     )
     return 0
@@ -132,19 +184,20 @@ def _add_inspect(subparsers: Any) -> None:
     parser = subparsers.add_parser("inspect", help="summarize a dataset's manifest")
     parser.add_argument("dest")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    _add_storage_options(parser)
     parser.set_defaults(handler=_run_inspect)
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from shardstream.manifest import read_manifest
 
-    manifest = read_manifest(args.dest)
+    manifest = read_manifest(args.dest, _storage_options(args))
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
     names = manifest.class_names
     lines = [
-        f"dataset:  {args.dest}",
+        f"dataset:  {_shown(args)}",
         f"shards:   {len(manifest.shards)} ({manifest.shards[0].name} .. "
         f"{manifest.shards[-1].name})"
         if manifest.shards
@@ -165,6 +218,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 def _add_verify(subparsers: Any) -> None:
     parser = subparsers.add_parser("verify", help="re-read every shard and check it")
     parser.add_argument("dest")
+    _add_storage_options(parser)
     parser.set_defaults(handler=_run_verify)
 
 
@@ -172,17 +226,18 @@ def _run_verify(args: argparse.Namespace) -> int:
     from shardstream.manifest import read_manifest
     from shardstream.shardwriter.verify import find_problems
 
-    manifest = read_manifest(args.dest)
-    problems = find_problems(args.dest, manifest)
+    storage_options = _storage_options(args)
+    manifest = read_manifest(args.dest, storage_options)
+    problems = find_problems(args.dest, manifest, storage_options)
     for problem in problems:
         print(f"MISMATCH {problem}")
     if problems:
         print(
-            f"{args.dest}: {len(problems)} problem(s) in {len(manifest.shards)} shards",
+            f"{_shown(args)}: {len(problems)} problem(s) in {len(manifest.shards)} shards",
             file=sys.stderr,
         )
         return 1
-    print(f"{args.dest}: OK, {len(manifest.shards)} shards, {manifest.num_samples} samples")
+    print(f"{_shown(args)}: OK, {len(manifest.shards)} shards, {manifest.num_samples} samples")
     return 0
 
 
@@ -197,15 +252,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     for add in SUBCOMMANDS:
         add(subparsers)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    secrets = secret_values(_storage_options(args))
+    _configure_logging(args.verbose, secrets)
     try:
         return int(args.handler(args))
     except ShardstreamError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error), secrets)}", file=sys.stderr)
         return 1
+    except OSError as error:  # storage refused or failed (missing bucket, access denied...)
+        shown = redact_text(f"{type(error).__name__}: {error}", secrets)
+        print(f"error: {shown}. Check the URL and --storage-option values.", file=sys.stderr)
+        return 1
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Formats log records, then masks URL secrets and the given literal secrets."""
+
+    def __init__(self, fmt: str, secrets: Sequence[str]) -> None:
+        super().__init__(fmt)
+        self._secrets = tuple(secrets)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record), self._secrets)
+
+
+def _configure_logging(verbose: bool, secrets: Sequence[str]) -> None:
+    """Log to stderr through a redacting formatter (library messages may quote URLs)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s", secrets))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
 
 
 if __name__ == "__main__":

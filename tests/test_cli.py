@@ -92,3 +92,59 @@ def test_resize_and_skip_flags(make_image_folder, tmp_path, capsys):
     with pytest.raises(SystemExit) as usage:
         main(["build", str(root), str(tmp_path / "out2"), "--seed", "1", "--no-shuffle"])
     assert usage.value.code == 2
+
+
+def test_storage_option_values_are_json_when_they_parse():
+    from shardstream.cli import parse_storage_option
+
+    assert parse_storage_option("endpoint_url=http://127.0.0.1:9000") == (
+        "endpoint_url",
+        "http://127.0.0.1:9000",
+    )
+    assert parse_storage_option("anon=false") == ("anon", False)
+    assert parse_storage_option("max_concurrency=8") == ("max_concurrency", 8)
+    assert parse_storage_option('client_kwargs={"region_name": "eu"}') == (
+        "client_kwargs",
+        {"region_name": "eu"},
+    )
+    assert parse_storage_option("token=a=b") == ("token", "a=b")
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        parse_storage_option("no-equals-sign")
+
+
+SECRET = "cli-s3cr3t-value-0123"
+
+
+def test_storage_options_reach_the_api_and_errors_hide_secrets(
+    image_folder, tmp_path, capsys, monkeypatch
+):
+    import shardstream.shardwriter as writer
+    from shardstream.errors import DatasetExistsError
+
+    seen = {}
+
+    def fake_build(source, dest, options, *, storage_options=None, progress=None):
+        seen.update(storage_options)
+        raise DatasetExistsError(f"{dest}: refused (options {storage_options})")
+
+    monkeypatch.setattr(writer, "build_shards", fake_build)
+    argv = ["build", str(image_folder), f"s3://user:{SECRET}x@bucket/out", "-q"]
+    argv += ["--storage-option", f"secret={SECRET}", "--storage-option", "anon=false"]
+    assert main(argv) == 1
+    assert seen == {"secret": SECRET, "anon": False}
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "***" in err
+    assert SECRET not in err
+
+
+def test_log_lines_are_redacted():
+    import logging
+
+    from shardstream.cli import _RedactingFormatter
+
+    formatter = _RedactingFormatter("%(message)s", [SECRET])
+    record = logging.LogRecord(
+        "x", logging.INFO, __file__, 1, "%s failed with %s", ("s3://a:b@bkt/k", SECRET), None
+    )
+    text = formatter.format(record)
+    assert SECRET not in text and ":b@" not in text and text.count("***") == 2
