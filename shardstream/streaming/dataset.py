@@ -41,8 +41,12 @@ class StreamOptions:
 
     Attributes:
         shuffle_buffer: Samples held by the shuffle buffer (encoded bytes; bounds memory).
-        num_open: Pieces each worker reads at once when shuffling (mixes class-ordered shards).
-        piece_size: Longest run of consecutive samples taken from one place of a shard.
+        num_open: Pieces each worker reads at once when shuffling (mixes class-ordered shards;
+            each open piece holds one file handle or stream).
+        piece_size: Longest run of consecutive samples taken from one place of a shard (capped
+            by ``block_size``). Larger means fewer seeks (remote: fewer ranged requests) but
+            needs more ``num_open`` for the same class mix: 64/64 measured 0.82 of uniform on
+            class-ordered shards (16/32: 0.88, 64/32: 0.74).
         block_size: Samples dealt to a worker at a time (rounded up to the batch size).
         rank: This process's rank; with ``world_size`` overrides ``torch.distributed``.
         world_size: Number of ranks.
@@ -54,8 +58,8 @@ class StreamOptions:
     """
 
     shuffle_buffer: int = 1000
-    num_open: int = 32
-    piece_size: int = 16
+    num_open: int = 64
+    piece_size: int = 64
     block_size: int = 64
     rank: int | None = None
     world_size: int | None = None

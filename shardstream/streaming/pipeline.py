@@ -124,7 +124,7 @@ def run_worker(
     of batches.
     """
     skipped = [0]
-    pool = HandlePool(opener, max_idle=max(64, 2 * job.num_open))
+    pool = HandlePool(opener, max_idle=max(8, job.num_open))
     try:
         stages = build_stages(job, _real_opener(job, pool, skipped))
         yield from _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
