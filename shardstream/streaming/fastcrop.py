@@ -18,6 +18,7 @@ the remaining steps. Pixels match the generic path within resampling rounding. A
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import warnings
@@ -112,8 +113,10 @@ class CropDecoder:
         width, height = image.size
         factor = self.reduction(params)
         if factor == 1:
-            return decode_jpeg_rgb(data), 1.0, 1.0
-        image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
+            with contextlib.suppress(RuntimeError):  # JPEG flavours torchvision rejects: Pillow
+                return decode_jpeg_rgb(data), 1.0, 1.0
+        else:
+            image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
         rgb = image.convert("RGB")
         pixels = torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
         return pixels, width / rgb.size[0], height / rgb.size[1]
