@@ -52,6 +52,7 @@ def train(data: str) -> None:
             steps += 1
         if rank == 0:
             print(f"epoch {epoch}: {steps} steps per rank (len {len(ds)}), loss {loss.item():.3f}")
+    dist.barrier()  # let every rank finish talking before any tears its process group down
     dist.destroy_process_group()
 
 

@@ -32,6 +32,7 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)  # a hang here would mean unequal epochs
             result[epoch] = {"keys": keys, "batches": len(ds)}
         pathlib.Path(out, f"{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -75,6 +76,7 @@ def _train(rank: int, root: str, store: str) -> None:
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+        dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
