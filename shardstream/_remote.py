@@ -33,7 +33,10 @@ __all__ = ["open_remote", "read_filesystem"]
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _MIN_CHUNK_BYTES = 256 * 2**10
 _MAX_CHUNK_BYTES = 8 * 2**20
-_UNBUFFERED_CHUNK_BYTES = 2**20
+#: First ranged GET after a seek; later ones double up to the chunk size.
+_FIRST_SPAN_BYTES = 2**20
+#: First ranged GET after an open: readers often peek at byte 0 and then seek to a piece.
+_OPEN_SPAN_BYTES = 64 * 2**10
 
 
 def read_filesystem(
@@ -159,8 +162,9 @@ class _GenericSource:
 
 
 def _chunk_bytes(read_ahead_bytes: int) -> int:
+    """Longest ranged GET, each read whole as one chunk (see :func:`open_remote`)."""
     if read_ahead_bytes <= 0:
-        return _UNBUFFERED_CHUNK_BYTES
+        return _MAX_CHUNK_BYTES
     return max(_MIN_CHUNK_BYTES, min(_MAX_CHUNK_BYTES, read_ahead_bytes // 4))
 
 
@@ -233,7 +237,15 @@ def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: An
         if local is not None:
             return local
         stop.clear()  # too big for the cache, or the disk failed: stream it instead
-    chunks: ChunkSource = ChunkFetcher(source, size, chunk_bytes, retrier)
+    # A ranged GET is never longer than a chunk, so every response is read to its end at once:
+    # no connection sits idle in a half-read body (many pieces open at once would exhaust the
+    # pool and stall), and finished responses go back to the pool for reuse (keep-alive).
+    first_span_bytes = min(_FIRST_SPAN_BYTES, chunk_bytes)
+    fetcher = ChunkFetcher(
+        source, size, chunk_bytes, retrier, first_span_bytes, max_span_bytes=chunk_bytes
+    )
+    fetcher.next_span_bytes = min(_OPEN_SPAN_BYTES, chunk_bytes)
+    chunks: ChunkSource = fetcher
     if options.read_ahead_bytes > 0 and size > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, stop)
     return RemoteStream(chunks, shown, size)

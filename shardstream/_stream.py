@@ -27,9 +27,11 @@ __all__ = ["ChunkFetcher", "ChunkSource", "RangeBody", "RangeSource", "ReadAhead
 
 logger = logging.getLogger("shardstream.storage")
 
-#: A forward seek up to this far reads and drops the bytes in between (an open response is
-#: cheaper than a new request); a longer one starts a new ranged request at the target.
-_SKIP_BY_READING_BYTES = 4 * 2**20
+#: A forward seek up to this far reads and drops the bytes in between (cheaper than a new
+#: request's first-byte latency); a longer one starts a new ranged request at the target.
+#: Kept short: responses are read whole and their connections reused, so a new request costs
+#: a round trip, while reading on can pull in and drop several chunks.
+_SKIP_BY_READING_BYTES = 2**20
 
 
 class RangeBody(Protocol):
@@ -67,6 +69,9 @@ class ChunkFetcher:
         retrier: Counts failures, sleeps between tries, raises when the budget is spent.
         first_span_bytes: Length of the first ranged request after an open or a seek.
         max_span_bytes: Longest ranged request.
+
+    Attributes:
+        next_span_bytes: Length of the next ranged request (set it to start an open smaller).
     """
 
     def __init__(
@@ -81,7 +86,7 @@ class ChunkFetcher:
         self.source, self.size, self.chunk_bytes, self.retrier = source, size, chunk_bytes, retrier
         self.first_span_bytes, self.max_span_bytes = first_span_bytes, max_span_bytes
         self.offset = 0
-        self._span = first_span_bytes
+        self.next_span_bytes = first_span_bytes
         self._body: RangeBody | None = None
         self._body_end = 0
 
@@ -89,13 +94,15 @@ class ChunkFetcher:
         """Continue from ``offset`` (drops the open response)."""
         self._close_body()
         self.offset = max(0, min(offset, self.size))
-        self._span = self.first_span_bytes
+        self.next_span_bytes = self.first_span_bytes
 
     def _open_body(self) -> RangeBody:
-        end = min(self.size, self.offset + self._span)
+        end = min(self.size, self.offset + self.next_span_bytes)
         body = self.source.open_body(self.offset, end)
         self._body, self._body_end = body, end
-        self._span = min(self.max_span_bytes, 2 * self._span)
+        # Double, but never below first_span_bytes: a short opening peek is not a read pattern.
+        doubled = max(2 * self.next_span_bytes, self.first_span_bytes)
+        self.next_span_bytes = min(self.max_span_bytes, doubled)
         return body
 
     def next_chunk(self) -> bytes | None:
@@ -140,9 +147,12 @@ class ChunkFetcher:
 class ReadAhead:
     """Runs a :class:`ChunkSource` in a daemon thread, keeping at most ``max_bytes`` queued.
 
-    The thread starts on the first ``next_chunk()``. Its window starts at two chunks and grows
-    by what the caller consumes, up to ``max_bytes``, so a stream that is opened for a short
-    piece holds little memory, and a whole-shard stream soon prefetches the full amount.
+    The first chunk after an open or a seek is fetched in the caller's thread (it is waited
+    for anyway, and a caller that peeks and then seeks should not trigger a prefetch); the
+    thread starts on the second ``next_chunk()``. Its window starts at one chunk (so only
+    the next chunk is fetched ahead) and grows by what the caller consumes, up to
+    ``max_bytes``: a stream opened for a short piece of a shard fetches little it will not use,
+    and a whole-shard stream soon prefetches the full amount. A seek starts the window afresh.
     Errors raised by the source are re-raised to the caller of :meth:`next_chunk`.
     """
 
@@ -153,14 +163,17 @@ class ReadAhead:
         self._stop = stop
         self._chunks: collections.deque[bytes] = collections.deque()
         self.buffered_bytes = 0
-        self.window_bytes = min(max_bytes, 2 * chunk_bytes)
+        self.window_bytes = min(max_bytes, chunk_bytes)
         self._done = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._fetched_first = False
 
     def _has_room(self) -> bool:
-        return self.buffered_bytes + self._chunk_bytes <= max(self.window_bytes, self._chunk_bytes)
+        return self.buffered_bytes == 0 or (
+            self.buffered_bytes + self._chunk_bytes <= self.window_bytes
+        )
 
     def _run(self) -> None:
         try:
@@ -187,6 +200,9 @@ class ReadAhead:
 
     def next_chunk(self) -> bytes | None:
         """The next chunk (blocking until fetched), or ``None`` at the end of the object."""
+        if not self._fetched_first and self._thread is None and not self._stop.is_set():
+            self._fetched_first = True
+            return self._source.next_chunk()
         with self._cond:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
@@ -217,8 +233,10 @@ class ReadAhead:
             self.buffered_bytes = 0
 
     def seek(self, offset: int) -> None:
-        """Drop what was prefetched and continue from ``offset``."""
+        """Drop what was prefetched and continue from ``offset`` with the initial window."""
         self._halt(join_timeout_s=60.0)
+        self.window_bytes = min(self._max_bytes, self._chunk_bytes)
+        self._fetched_first = False
         self._stop.clear()
         self._done, self._error = False, None
         self._source.seek(offset)

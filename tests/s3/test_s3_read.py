@@ -41,8 +41,9 @@ def read_all(options: dict[str, Any], read_options: _fs.ReadOptions, piece: int 
     return b"".join(parts)
 
 
-#: Ranged GETs of a fault-free read: spans of 1 MiB, then 2 MiB, then the rest.
-FAULT_FREE_GETS = 3
+#: Ranged GETs of a fault-free read: a 64 KiB opening span, then spans of one read-ahead chunk
+#: (read_ahead_bytes / 4 = 256 KiB here), each read whole so its connection is reused.
+FAULT_FREE_GETS = 1 + -(-(SIZE - 64 * 2**10) // (256 * 2**10))
 
 
 def test_fault_free_read_uses_few_long_gets(
@@ -221,3 +222,25 @@ def test_seek_forward_backward_and_far(
         assert stream.seek(-10, 2) == len(blob) - 10
         assert stream.read() == blob[-10:]
         assert stream.read(5) == b""
+
+
+def test_a_short_piece_fetches_little_and_many_open_streams_do_not_stall(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    blob = payload(12 * 2**20, seed=2)
+    moto_fs.pipe(URL, blob)
+    options = _fs.ReadOptions(timeout_s=5.0, max_attempts=2)  # default 32 MiB read-ahead
+    # Like the streaming reader's pieces: peek at byte 0, seek into the shard, read a little,
+    # with more streams open at once than the client's connection pool (10) holds.
+    streams = [_fs.open_read(URL, proxy_options, options) for _ in range(16)]
+    try:
+        for number, stream in enumerate(streams):
+            assert stream.read(2) == blob[:2]
+            stream.seek(number * 600_000)
+        for number, stream in enumerate(streams):
+            start = number * 600_000
+            assert stream.read(300_000) == blob[start : start + 300_000]
+    finally:
+        for stream in streams:
+            stream.close()
+    assert fault_proxy.body_bytes_sent < 16 * (64 * 2**10 + 2**20 + 2 * 2**20)
