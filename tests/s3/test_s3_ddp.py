@@ -51,6 +51,7 @@ def _rank(rank: int, port: int, storage_options: dict[str, Any], out: str) -> No
         count = torch.tensor([result["pad"]["batches"]])
         dist.all_reduce(count, op=dist.ReduceOp.MAX)  # unequal epochs would hang real training
         pathlib.Path(out, f"{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 
