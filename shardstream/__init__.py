@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardstream._fs import ReadOptions
 from shardstream.errors import (
     ChecksumMismatchError,
     ConfigError,
@@ -33,7 +34,7 @@ from shardstream.manifest import Manifest, ShardInfo, read_manifest
 
 if TYPE_CHECKING:
     from shardstream.shardwriter import BuildOptions, build_shards
-    from shardstream.streaming import StreamingDataset
+    from shardstream.streaming import StreamingDataset, StreamOptions
 
 __version__ = "0.1.0"
 
@@ -47,11 +48,13 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "ManifestNotFoundError",
+    "ReadOptions",
     "ShardFormatError",
     "ShardInfo",
     "ShardstreamError",
     "SourceError",
     "StorageError",
+    "StreamOptions",
     "StreamingDataset",
     "__version__",
     "build_shards",
@@ -61,6 +64,7 @@ __all__ = [
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
+    "StreamOptions": "shardstream.streaming",
     "StreamingDataset": "shardstream.streaming",
 }
 
