@@ -58,11 +58,13 @@ def main() -> None:
     loader = StreamingDataLoader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)
-        labels_seen = []
+        labels_seen: list[int] = []
+        shapes = set()
         for images, labels in loader:
+            shapes.add((tuple(images.shape), str(images.dtype)))
             labels_seen += labels.tolist()
         print(
-            f"epoch {epoch}: {len(ds)} batches, images {tuple(images.shape)} {images.dtype}, "
+            f"epoch {epoch}: {len(ds)} batches of {sorted(shapes)}, "
             f"{len(labels_seen)} samples, first labels {labels_seen[:8]}"
         )
 
