@@ -41,12 +41,15 @@ class ShardInfo:
         num_samples: Samples (distinct keys) in the shard.
         num_bytes: Size of the shard file in bytes.
         sha256: Hex sha256 of the shard file's bytes.
+        index: Name of the shard's byte-offset index (``"shard-000000.idx"``, see
+            :mod:`shardstream.shardindex`), or ``None`` when the shard has none (older builds).
     """
 
     name: str
     num_samples: int
     num_bytes: int
     sha256: str
+    index: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ class Manifest:
             raise ManifestError(f"{where}: not valid JSON ({error})") from error
         if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
             raise ManifestError(
-                f"{where}: not a shardstream manifest (expected \"format\": \"{FORMAT_NAME}\")"
+                f'{where}: not a shardstream manifest (expected "format": "{FORMAT_NAME}")'
             )
         version = document.get("format_version")
         if version != FORMAT_VERSION:

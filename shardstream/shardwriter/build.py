@@ -178,7 +178,8 @@ def _build_from_iterable(
 
 
 def _parts_exist(state_url: str, result: ChunkResult, storage: dict | None) -> bool:
-    return all(_fs.exists(_fs.join(state_url, part.name), storage) for part in result.shards)
+    names = [n for part in result.shards for n in (part.name, part.index) if n is not None]
+    return all(_fs.exists(_fs.join(state_url, name), storage) for name in names)
 
 
 def _finish(

@@ -4,11 +4,13 @@ Layout while a build runs::
 
     DEST/_shardstream_build/plan.json              settings + source fingerprint
     DEST/_shardstream_build/chunk-000012-000.tar    a chunk's shard, under its part name
+    DEST/_shardstream_build/chunk-000012-000.idx    its byte-offset index, written after it
     DEST/_shardstream_build/chunk-000012.json       written after the chunk's parts: it is done
 
-When every chunk is done, parts are renamed in plan order to ``DEST/shard-000000.tar``...,
-the manifest is written last, and the state folder is removed. Temporary names never match
-``shard-*.tar``, and a part counts only when its chunk record exists and its size matches.
+When every chunk is done, parts (and their indexes) are renamed in plan order to
+``DEST/shard-000000.tar`` (``.idx``)..., the manifest is written last, and the state folder is
+removed. Temporary names never match ``shard-*``, and a part counts only when its chunk record
+exists, its size matches and its index exists.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import logging
 from shardstream import _fs
 from shardstream.errors import DatasetExistsError, ManifestError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from shardstream.shardindex import index_name
 from shardstream.shardwriter.tasks import ChunkResult
 
 __all__ = [
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 STATE_FOLDER = "_shardstream_build"
 PLAN_NAME = "plan.json"
 SHARD_PATTERN = "shard-*.tar"
+INDEX_PATTERN = "shard-*.idx"
 #: Settings that may differ between runs without changing the output.
 _IGNORED_SETTINGS = frozenset({"source_path"})
 
@@ -43,6 +47,14 @@ _IGNORED_SETTINGS = frozenset({"source_path"})
 def shard_name(index: int) -> str:
     """Final shard name: ``shard-000000.tar`` (brace pattern ``shard-{000000..000041}.tar``)."""
     return f"shard-{index:06d}.tar"
+
+
+def _is_ours(name: str) -> bool:
+    return (
+        name == MANIFEST_NAME
+        or fnmatch.fnmatch(name, SHARD_PATTERN)
+        or fnmatch.fnmatch(name, INDEX_PATTERN)
+    )
 
 
 def _comparable(settings: dict) -> dict:
@@ -124,7 +136,7 @@ def _read_plan(state_url: str, storage_options: _fs.StorageOptions) -> dict | No
 
 
 def _check_foreign_files(dest: str, names: list[str], resuming: bool, overwrite: bool) -> None:
-    ours = [n for n in names if n == MANIFEST_NAME or fnmatch.fnmatch(n, SHARD_PATTERN)]
+    ours = [n for n in names if _is_ours(n)]
     foreign = [n for n in names if n not in ours and ".tmp-" not in n]
     if foreign and not overwrite:
         shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
@@ -147,7 +159,7 @@ def _clear(
     dest: str, names: list[str], state_url: str, storage_options: _fs.StorageOptions
 ) -> None:
     for name in names:
-        if name == MANIFEST_NAME or fnmatch.fnmatch(name, SHARD_PATTERN) or ".tmp-" in name:
+        if _is_ours(name) or ".tmp-" in name:
             _fs.remove(_fs.join(dest, name), storage_options)
     remove_state(state_url, storage_options)
 
@@ -172,6 +184,11 @@ def load_chunk_records(
 def _part_present(
     dest: str, state_url: str, part: ShardInfo, final: str, storage_options: _fs.StorageOptions
 ) -> bool:
+    if part.index is not None and not any(
+        _fs.exists(url, storage_options)
+        for url in (_fs.join(state_url, part.index), _fs.join(dest, index_name(final)))
+    ):
+        return False
     for url in (_fs.join(state_url, part.name), _fs.join(dest, final)):
         if _fs.exists(url, storage_options) and _fs.size(url, storage_options) == part.num_bytes:
             return True
@@ -202,15 +219,18 @@ def drop_incomplete(
             and not _part_present(dest, state_url, part, final, storage_options)
         }
         return {i: r for i, r in records.items() if i not in bad}
-    kept = {}
-    for index, result in records.items():
-        urls = [_fs.join(state_url, part.name) for part in result.shards]
-        if all(
-            _fs.exists(u, storage_options) and _fs.size(u, storage_options) == p.num_bytes
-            for u, p in zip(urls, result.shards, strict=False)
-        ):
-            kept[index] = result
-    return kept
+    return {
+        index: result
+        for index, result in records.items()
+        if all(_part_in_state(state_url, part, storage_options) for part in result.shards)
+    }
+
+
+def _part_in_state(state_url: str, part: ShardInfo, storage_options: _fs.StorageOptions) -> bool:
+    url = _fs.join(state_url, part.name)
+    if not (_fs.exists(url, storage_options) and _fs.size(url, storage_options) == part.num_bytes):
+        return False
+    return part.index is None or _fs.exists(_fs.join(state_url, part.index), storage_options)
 
 
 def finalize_shards(
@@ -223,7 +243,13 @@ def finalize_shards(
         if _fs.exists(source, storage_options):
             # Server-side on object stores: a rename locally, CopyObject + delete on S3.
             _fs.move(source, _fs.join(dest, final), storage_options)
-        shards.append(ShardInfo(final, part.num_samples, part.num_bytes, part.sha256))
+        index = None
+        if part.index is not None:
+            index = index_name(final)
+            index_source = _fs.join(state_url, part.index)
+            if _fs.exists(index_source, storage_options):
+                _fs.move(index_source, _fs.join(dest, index), storage_options)
+        shards.append(ShardInfo(final, part.num_samples, part.num_bytes, part.sha256, index))
     return shards
 
 

@@ -57,16 +57,23 @@ class TarShardWriter:
     Example:
         >>> import io
         >>> writer = TarShardWriter(io.BytesIO())
+        >>> writer.start_sample()
         >>> writer.write_member("a/b.cls", b"3")
         >>> writer.finish()
-        >>> writer.num_bytes
-        2048
+        >>> writer.num_bytes, writer.sample_offsets
+        (2048, [0, 1024])
     """
 
     def __init__(self, stream: IO[bytes]) -> None:
         self._stream = stream
         self._hash = hashlib.sha256()
         self.num_bytes = 0
+        #: Byte offset of every sample's first header, then of the end-of-archive blocks.
+        self.sample_offsets: list[int] = []
+
+    def start_sample(self) -> None:
+        """Mark that the next member begins a new sample (records its offset for the index)."""
+        self.sample_offsets.append(self.num_bytes)
 
     def write_member(self, name: str, data: bytes) -> None:
         """Append one member (header, data, zero padding)."""
@@ -79,6 +86,7 @@ class TarShardWriter:
 
     def finish(self) -> None:
         """Write the two zero blocks that end a tar archive."""
+        self.sample_offsets.append(self.num_bytes)
         self._write(_ZEROS + _ZEROS)
 
     @property

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from shardstream import _fs
 from shardstream.errors import SourceError
 from shardstream.manifest import ShardInfo, SkippedSample
+from shardstream.shardindex import encode_offsets, index_name
 from shardstream.shardwriter.imageops import check_image, normalized_extension, reencode_jpeg
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
@@ -190,6 +191,7 @@ class _ShardRoller:
                 logger.warning(
                     "sample %r (%d bytes) exceeds max_bytes_per_shard: own shard", key, size
                 )
+        writer.start_sample()
         for name, data in names:
             writer.write_member(name, data)
         self._count += 1
@@ -218,5 +220,10 @@ class _ShardRoller:
         if self._stack is not None:
             self._stack.close()
         name = part_name(self._task.index, len(self._shards))
-        self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256))
+        # The index is written after its part, so a part counts as done only with its index.
+        index = index_name(name)
+        index_url = _fs.join(self._task.state_url, index)
+        with _fs.open_atomic_write(index_url, self._task.storage_options) as stream:
+            stream.write(encode_offsets(writer.sample_offsets))
+        self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

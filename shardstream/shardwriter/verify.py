@@ -1,4 +1,4 @@
-"""Verify a finished dataset: every shard's bytes, sha256, sample count and member layout."""
+"""Verify a finished dataset: every shard's bytes, sha256, sample count, member layout and index."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import tarfile
 from typing import IO, Any
 
 from shardstream import _fs
-from shardstream.errors import ChecksumMismatchError
+from shardstream.errors import ChecksumMismatchError, ShardFormatError
 from shardstream.manifest import Manifest, ShardInfo, read_manifest
+from shardstream.shardindex import decode_offsets
 
 __all__ = ["find_problems", "verify_dataset"]
 
@@ -65,16 +66,20 @@ def find_problems(
 
 
 def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | None) -> list[str]:
-    """Mismatches of one shard (missing, size, sha256, sample count, member layout)."""
+    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
     try:
         stream = _fs.open_read(url, storage_options)
     except FileNotFoundError:
         return [f"{shard.name}: missing (expected {shard.num_bytes} bytes)"]
+    offsets: list[int] = []
     with stream:
         reader = _HashingReader(stream)
-        num_samples, layout_problems = _count_samples(reader, shard.name)
+        num_samples, layout_problems = _count_samples(reader, shard.name, offsets)
         reader.drain()
     problems = list(layout_problems)
+    if shard.index is not None and not layout_problems:
+        index_url = url[: len(url) - len(shard.name)] + shard.index
+        problems.extend(_check_index(index_url, shard, offsets, storage_options))
     if reader.num_bytes != shard.num_bytes:
         problems.append(
             f"{shard.name}: size expected {shard.num_bytes} bytes, found {reader.num_bytes}"
@@ -88,11 +93,36 @@ def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | No
     return problems
 
 
-def _count_samples(reader: _HashingReader, name: str) -> tuple[int, list[str]]:
+def _check_index(
+    index_url: str, shard: ShardInfo, offsets: list[int], storage_options: dict[str, Any] | None
+) -> list[str]:
+    """Compare the shard's index with the sample offsets found while parsing the shard."""
+    try:
+        stored = decode_offsets(_fs.read_bytes(index_url, storage_options), shard.index or "")
+    except FileNotFoundError:
+        return [f"{shard.index}: index missing (the manifest names it for {shard.name})"]
+    except ShardFormatError as error:
+        return [str(error)]
+    if list(stored) == offsets:
+        return []
+    if len(stored) != len(offsets):
+        return [
+            f"{shard.index}: index has {len(stored)} offsets, {shard.name} needs {len(offsets)} "
+            "(one per sample plus the end)"
+        ]
+    sample = next(i for i, (a, b) in enumerate(zip(stored, offsets, strict=True)) if a != b)
+    return [
+        f"{shard.index}: entry {sample} says byte offset {stored[sample]}, but in {shard.name} "
+        f"it is {offsets[sample]}"
+    ]
+
+
+def _count_samples(reader: _HashingReader, name: str, offsets: list[int]) -> tuple[int, list[str]]:
+    """Count samples and check their layout; ``offsets`` gets each sample's start and the end."""
     problems: list[str] = []
     finished: set[str] = set()
     current: str | None = None
-    count = 0
+    count = end = 0
     try:
         with tarfile.open(fileobj=reader, mode="r|") as archive:  # type: ignore[call-overload]
             for member in archive:
@@ -100,7 +130,9 @@ def _count_samples(reader: _HashingReader, name: str) -> tuple[int, list[str]]:
                 if key is None or not member.isfile():
                     problems.append(f"{name}: unexpected member {member.name!r} (not KEY.EXT)")
                     continue
+                end = member.offset_data + -(-member.size // 512) * 512
                 if key != current:
+                    offsets.append(member.offset)
                     if key in finished:
                         problems.append(f"{name}: samples of key {key!r} are not contiguous")
                     if current is not None:
@@ -108,6 +140,7 @@ def _count_samples(reader: _HashingReader, name: str) -> tuple[int, list[str]]:
                     current, count = key, count + 1
     except (tarfile.TarError, EOFError, OSError) as error:
         problems.append(f"{name}: not a valid tar after {reader.num_bytes} bytes ({error})")
+    offsets.append(end)
     return count, problems
 
 

@@ -27,10 +27,13 @@ def test_finalize_copies_on_the_server_and_removes_the_state_prefix(
     manifest = build_shards(images, dest, storage_options=proxy_options, max_samples_per_shard=4)
     assert len(manifest.shards) == 5
     assert fault_proxy.count("GET", ".tar") == 0  # no part was downloaded to be re-uploaded
-    assert fault_proxy.count("PUT", "/shard-") == 5  # one CopyObject per shard
+    # one CopyObject per shard and one per shard's byte-offset index
+    assert fault_proxy.count("PUT", "/shard-") == 10
     moto_fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in moto_fs.find(f"{BUCKET}/finalize/train"))
-    assert names == sorted(["manifest.json", *(s.name for s in manifest.shards)])
+    assert names == sorted(
+        ["manifest.json", *(n for s in manifest.shards for n in (s.name, s.index))]
+    )
     assert verify_dataset(dest, proxy_options) == manifest
 
 
@@ -64,6 +67,8 @@ def test_memory_build_leaves_no_state_folder(
         manifest = build_shards(images, dest, max_samples_per_shard=4)
         found = fsspec.filesystem("memory").ls(dest[9:], detail=False)
         listed = sorted(path.rsplit("/", 1)[-1] for path in found)
-        assert listed == sorted(["manifest.json", *(s.name for s in manifest.shards)])
+        assert listed == sorted(
+            ["manifest.json", *(n for s in manifest.shards for n in (s.name, s.index))]
+        )
     finally:
         _fs.remove_folder(dest)

@@ -56,8 +56,9 @@ def test_manifest_records_sizes_hashes_and_settings(image_folder, tmp_path):
     assert manifest.settings["seed"] == 7
     assert manifest.settings["max_samples_per_shard"] == 5
     assert manifest.settings["source_kind"] == "imagefolder"
-    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json"] + [
-        s.name for s in manifest.shards
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "manifest.json",
+        *sorted(name for s in manifest.shards for name in (s.name, s.index)),
     ]
 
 
@@ -136,6 +137,9 @@ def test_memory_filesystem_destination(image_folder):
         for e in fs.ls("/writer-test/out", detail=True)
         if e["type"] == "file"
     )
-    assert names == ["manifest.json"] + [s.name for s in manifest.shards]
+    assert names == [
+        "manifest.json",
+        *sorted(name for s in manifest.shards for name in (s.name, s.index)),
+    ]
     assert read_manifest("memory://writer-test/out") == manifest
     fs.rm("/writer-test", recursive=True)

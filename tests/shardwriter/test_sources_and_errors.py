@@ -127,8 +127,9 @@ def test_rerun_is_idempotent_and_other_settings_are_refused(image_folder, tmp_pa
         build_shards(image_folder, dest, max_samples_per_shard=4)
     replaced = build_shards(image_folder, dest, max_samples_per_shard=4, overwrite=True)
     assert manifest_of(dest) == replaced and len(replaced.shards) == 3
-    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json"] + [
-        s.name for s in replaced.shards
+    assert sorted(p.name for p in dest.iterdir()) == [
+        "manifest.json",
+        *sorted(name for s in replaced.shards for name in (s.name, s.index)),
     ]
 
 

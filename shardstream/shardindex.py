@@ -1,0 +1,79 @@
+"""Per-sample byte-offset index of a shard: the ``shard-NNNNNN.idx`` sidecar the writer leaves.
+
+A reader that starts in the middle of a shard needs the byte offset of its first sample. The
+writer knows every offset as it writes, so it stores them next to the shard; a reader then opens
+exactly the byte range of the samples it wants, with no walk over the tar headers before them.
+
+Format (little-endian)::
+
+    magic   8 bytes  b"SSTIDX\\0\\0"
+    version uint64   1
+    offsets uint64   one per sample: where its first member's header starts
+    end     uint64   where the end-of-archive blocks start (the last sample's end)
+
+Tools that do not know the sidecar (tar, webdataset) simply ignore it.
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Sequence
+
+from shardstream.errors import ShardFormatError
+
+__all__ = ["INDEX_VERSION", "decode_offsets", "encode_offsets", "index_name"]
+
+INDEX_VERSION = 1
+_MAGIC = b"SSTIDX\0\0"
+_HEADER_BYTES = 16
+
+
+def index_name(shard_name: str) -> str:
+    """``"shard-000003.tar"`` -> ``"shard-000003.idx"`` (the sidecar's name)."""
+    stem = shard_name[: -len(".tar")] if shard_name.endswith(".tar") else shard_name
+    return stem + ".idx"
+
+
+def encode_offsets(offsets: Sequence[int]) -> bytes:
+    """The index file's bytes for sample offsets plus the final end-of-samples offset.
+
+    Example:
+        >>> decode_offsets(encode_offsets([0, 1536, 3072]), "x.idx").tolist()
+        [0, 1536, 3072]
+    """
+    values = array.array("Q", offsets)
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        values.byteswap()
+    return _MAGIC + INDEX_VERSION.to_bytes(8, "little") + values.tobytes()
+
+
+def decode_offsets(data: bytes, url: str, num_samples: int | None = None) -> array.array[int]:
+    """Parse an index file; ``url`` names it in errors, ``num_samples`` is checked when given.
+
+    Raises:
+        ShardFormatError: Wrong magic or version, a torn file, offsets that go backwards, or
+            another sample count than ``num_samples``.
+    """
+    if data[:8] != _MAGIC:
+        raise ShardFormatError(f"{url}: not a shardstream index (bad magic {data[:8]!r})")
+    version = int.from_bytes(data[8:_HEADER_BYTES], "little")
+    if version != INDEX_VERSION:
+        raise ShardFormatError(
+            f"{url}: index version {version} is not supported (this release reads "
+            f"{INDEX_VERSION}); upgrade shardstream or rebuild the dataset"
+        )
+    body = data[_HEADER_BYTES:]
+    if not body or len(body) % 8:
+        raise ShardFormatError(f"{url}: index body of {len(body)} bytes is torn or empty")
+    offsets = array.array("Q", body)
+    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
+        offsets.byteswap()
+    if any(offsets[i] > offsets[i + 1] for i in range(len(offsets) - 1)):
+        raise ShardFormatError(f"{url}: index offsets go backwards; the index is corrupt")
+    if num_samples is not None and len(offsets) != num_samples + 1:
+        raise ShardFormatError(
+            f"{url}: index lists {len(offsets) - 1} samples, the manifest {num_samples}; "
+            "rebuild the dataset or run `shardstream verify`"
+        )
+    return offsets
