@@ -230,6 +230,18 @@ def spawn(task: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def is_current(dest: Path) -> bool:
+    """True when ``dest`` holds shards in the current format (every shard has its .idx index)."""
+    from shardstream.manifest import read_manifest
+
+    if not (dest / "manifest.json").exists():
+        return False
+    try:
+        return all(shard.index for shard in read_manifest(str(dest)).shards)
+    except Exception:
+        return False
+
+
 def prepare(args: argparse.Namespace) -> dict:
     from shardstream import build_shards
 
@@ -237,14 +249,14 @@ def prepare(args: argparse.Namespace) -> dict:
     paths = {"images": str(images), "num_classes": args.num_classes}
     for name, shuffle in (("shards", True), ("ordered", False)):
         dest = DATA_ROOT / f"load-{name}-{args.num_images}-{args.num_classes}"
-        if not (dest / "manifest.json").exists():
-            build_shards(images, dest, shuffle=shuffle, workers=2)
+        if not is_current(dest):  # stale caches (no byte-offset index) are rebuilt
+            build_shards(images, dest, shuffle=shuffle, workers=2, overwrite=True)
         paths[name] = str(dest)
     if args.tiny:
         tiny = tiny_tree(args.tiny)
         dest = DATA_ROOT / f"load-tiny-{args.tiny}"
-        if not (dest / "manifest.json").exists():
-            build_shards(tiny, dest, workers=2)
+        if not is_current(dest):
+            build_shards(tiny, dest, workers=2, overwrite=True)
         paths.update(tiny=str(tiny), tiny_shards=str(dest))
     return paths
 

@@ -20,6 +20,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from shardstream._redact import redact_url
+from shardstream._stream import BoundedFile
 
 __all__ = [
     "DEFAULT_PART_SIZE_BYTES",
@@ -96,13 +97,20 @@ def join(base: str | os.PathLike[str], name: str) -> str:
 
 
 def open_read(
-    url: str, storage_options: StorageOptions = None, read_options: ReadOptions | None = None
+    url: str,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+    start: int = 0,
+    end: int | None = None,
 ) -> IO[bytes]:
-    """Open ``url`` for sequential binary reading.
+    """Open ``url`` for sequential binary reading of bytes ``[start, end)`` (to its end: None).
 
-    Local files are opened plainly. Remote objects are streamed in large ranged requests with
-    retries that resume at the byte offset reached, read-ahead in a background thread and an
-    optional local cache, as ``read_options`` says (see :class:`ReadOptions`).
+    Local files are opened plainly and positioned at ``start``; reads stop at ``end``. Remote
+    objects are streamed in ranged requests covering only ``[start, end)`` (nothing is
+    prefetched past ``end``), with retries that resume at the byte offset reached, read-ahead
+    in a background thread and an optional local cache, as ``read_options`` says (see
+    :class:`ReadOptions`). On S3 no HEAD request is made (except to fill a cache): the size and
+    ETag come from the first ranged GET, and later GETs carry ``If-Match`` on that ETag.
 
     Raises:
         FileNotFoundError: The object does not exist (not retried).
@@ -111,15 +119,19 @@ def open_read(
 
     Example:
         >>> with open_read("s3://bucket/data/shard-000000.tar",  # doctest: +SKIP
-        ...                {"endpoint_url": "http://127.0.0.1:9000"}) as f:
+        ...                {"endpoint_url": "http://127.0.0.1:9000"}, start=1024) as f:
         ...     header = f.read(512)
     """
     if is_local(url):
         fs, path = resolve(url, storage_options)
-        return fs.open(path, "rb")  # type: ignore[no-any-return]
+        stream = fs.open(path, "rb")
+        if start:
+            stream.seek(start)
+        return stream if end is None else BoundedFile(stream, end)  # type: ignore[no-any-return]
     from shardstream import _remote  # s3fs/aiohttp are imported only when needed
 
-    return _remote.open_remote(os.fspath(url), storage_options, read_options or ReadOptions())
+    options = read_options or ReadOptions()
+    return _remote.open_remote(os.fspath(url), storage_options, options, start, end)
 
 
 def read_bytes(

@@ -1,10 +1,12 @@
 """Reading remote objects: few, long ranged GETs per shard on S3, chunked ranges elsewhere.
 
-:func:`open_remote` is what ``_fs.open_read`` uses for every non-local URL. It asks for the
-object's size and ETag (HEAD); with a cache it downloads a missing object into the cache and
-opens the local file, otherwise it streams the object through a
+:func:`open_remote` is what ``_fs.open_read`` uses for every non-local URL. With a cache it
+asks for the object's size and ETag (HEAD), downloads a missing object into the cache and opens
+the local file. Otherwise it streams the wanted byte range through a
 :class:`~shardstream._stream.ChunkFetcher` (retries, resume at the byte offset reached) and
-prefetches in a background thread.
+prefetches in a background thread, never past the end of the range. On S3 that stream makes no
+HEAD: the first ranged GET's ``Content-Range`` and ``ETag`` give the size and version, and later
+GETs carry ``If-Match`` on that ETag so a rewritten object is never mixed with the old one.
 
 On S3 this module calls aiobotocore directly (through s3fs's session, so credentials and
 endpoints come from the usual places) and turns botocore's own retries off: the retry loop
@@ -25,8 +27,8 @@ from fsspec.asyn import sync
 
 from shardstream._cache import ShardCache
 from shardstream._redact import redact_url, secret_values
-from shardstream._retry import Retrier
-from shardstream._stream import ChunkFetcher, ChunkSource, ReadAhead, RemoteStream
+from shardstream._retry import Retrier, client_error_code
+from shardstream._stream import BoundedFile, ChunkFetcher, ChunkSource, ReadAhead, RemoteStream
 
 __all__ = ["open_remote", "read_filesystem"]
 
@@ -111,6 +113,7 @@ class _S3Source:
         self.bucket, self.key, version = fs.split_path(path)
         self._version = {"VersionId": version} if version else {}
         self.etag: str | None = None
+        self.total_size: int | None = None
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         await self.fs.set_session()
@@ -121,15 +124,41 @@ class _S3Source:
     def stat(self) -> tuple[int, str | None]:
         head = sync(self.fs.loop, self._call, "head_object")
         self.etag = head.get("ETag")
-        return int(head["ContentLength"]), self.etag
+        self.total_size = int(head["ContentLength"])
+        return self.total_size, self.etag
 
-    def open_body(self, offset: int, end: int) -> _S3Body:
+    def open_body(self, offset: int, end: int) -> _S3Body | _EmptyBody:
         # If-Match: a resumed read must never splice two versions of a rewritten object.
         match = {"IfMatch": self.etag} if self.etag else {}
-        response = sync(
-            self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{end - 1}", **match
-        )
+        try:
+            response = sync(
+                self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{end - 1}", **match
+            )
+        except Exception as exc:
+            if client_error_code(exc)[0] != "InvalidRange":
+                raise
+            self.stat()  # the range starts at or past the object's end: learn its real size
+            return _EmptyBody()
+        self.etag = self.etag or response.get("ETag")
+        self.total_size = _total_size(response, offset)
         return _S3Body(self.fs, response["Body"], self.timeout_s)
+
+
+def _total_size(response: Mapping[str, Any], offset: int) -> int:
+    """The object's size from a ranged GET (``Content-Range: bytes a-b/total``)."""
+    content_range = str(response.get("ContentRange") or "")
+    total = content_range.rpartition("/")[2]
+    if total.isdigit():
+        return int(total)
+    return offset + int(response["ContentLength"])  # the server sent the rest whole
+
+
+class _EmptyBody:
+    def read_chunk(self, num_bytes: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class _RangeBody:
@@ -200,21 +229,31 @@ def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] 
     return cache.open_cached(path, fetcher.size)
 
 
-def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: Any) -> IO[bytes]:
-    """Open a remote object for reading with retries, read-ahead and an optional cache.
+def open_remote(
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    options: Any,
+    start: int = 0,
+    end: int | None = None,
+) -> IO[bytes]:
+    """Open bytes ``[start, end)`` of a remote object with retries, read-ahead and a cache.
 
-    Without a cache the object streams through a seekable :class:`RemoteStream`. With
-    ``options.cache_dir`` a miss downloads the whole object into the cache first (retried and
-    resumed like any read; one download per shard even when many pieces of it are opened) and
-    every open returns the local file, so later epochs never touch the network.
+    Without a cache the range streams through a seekable :class:`RemoteStream` that never
+    fetches past ``end``; on S3 the first ranged GET is made here (it raises
+    ``FileNotFoundError`` for a missing object) and tells the size and ETag, so no HEAD is
+    needed. With ``options.cache_dir`` a miss downloads the whole object into the cache first
+    (retried and resumed like any read; one download per shard even when many pieces of it are
+    opened) and every open returns the local file, so later epochs never touch the network.
 
     Args:
         url: The object's URL (``s3://bucket/key``, ``gs://...``, ``memory://...``).
         storage_options: fsspec options (credentials, ``endpoint_url``...).
         options: A ``shardstream._fs.ReadOptions``.
+        start: First byte to read.
+        end: Stop before this byte (``None``: the object's end).
 
     Returns:
-        A read-only, seekable binary file object.
+        A read-only, seekable binary file object positioned at ``start``.
     """
     shown = redact_url(url)
     fs, path = read_filesystem(url, storage_options, options.timeout_s)
@@ -226,26 +265,54 @@ def open_remote(url: str, storage_options: Mapping[str, Any] | None, options: An
         shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
         secret_values(storage_options), stop,
     )  # fmt: skip
-    size, etag = _stat(source, retrier)
-    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
-    if options.cache_dir:
-        cache = ShardCache(options.cache_dir, options.cache_max_bytes)
-        whole = ChunkFetcher(
-            source, size, _MAX_CHUNK_BYTES, retrier, first_span_bytes=_MAX_CHUNK_BYTES
-        )
-        local = _download(cache, cache.path_for(shown, size, etag), whole)
-        if local is not None:
-            return local
-        stop.clear()  # too big for the cache, or the disk failed: stream it instead
+    size: int | None = end
+    if options.cache_dir or not is_s3:
+        size, etag = _stat(source, retrier)
+        if options.cache_dir:
+            local = _open_cached(options, source, size, etag, shown, retrier)
+            if local is not None:
+                local.seek(start)
+                return local if end is None else BoundedFile(local, end)  # type: ignore[return-value]
+            stop.clear()  # too big for the cache, or the disk failed: stream it instead
+        size = size if end is None else min(size, end)
+    return _stream_range(source, size, start, end, shown, retrier, options)
+
+
+def _open_cached(
+    options: Any, source: Any, size: int, etag: str | None, shown: str, retrier: Retrier
+) -> IO[bytes] | None:
+    cache = ShardCache(options.cache_dir, options.cache_max_bytes)
+    whole = ChunkFetcher(source, size, _MAX_CHUNK_BYTES, retrier, first_span_bytes=_MAX_CHUNK_BYTES)
+    return _download(cache, cache.path_for(shown, size, etag), whole)
+
+
+def _stream_range(
+    source: Any,
+    size: int | None,
+    start: int,
+    end: int | None,
+    shown: str,
+    retrier: Retrier,
+    options: Any,
+) -> IO[bytes]:
+    """Stream ``[start, end)``; ``size`` is None on S3 until the first GET says it."""
     # A ranged GET is never longer than a chunk, so every response is read to its end at once:
     # no connection sits idle in a half-read body (many pieces open at once would exhaust the
     # pool and stall), and finished responses go back to the pool for reuse (keep-alive).
+    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
     first_span_bytes = min(_FIRST_SPAN_BYTES, chunk_bytes)
     fetcher = ChunkFetcher(
-        source, size, chunk_bytes, retrier, first_span_bytes, max_span_bytes=chunk_bytes
+        source, size, chunk_bytes, retrier, first_span_bytes, chunk_bytes, start, end
     )
-    fetcher.next_span_bytes = min(_OPEN_SPAN_BYTES, chunk_bytes)
+    # A known range is asked for whole (up to a chunk); an open-ended read starts small,
+    # since readers often peek at the start and then seek.
+    opening = _OPEN_SPAN_BYTES if end is None else max(1, end - start)
+    fetcher.next_span_bytes = min(opening, chunk_bytes)
+    head = b""
+    if isinstance(source, _S3Source):
+        head = fetcher.next_chunk() or b""  # learns the size (and ETag) without a HEAD
+    total = fetcher.size if fetcher.size is not None else start
     chunks: ChunkSource = fetcher
-    if options.read_ahead_bytes > 0 and size > chunk_bytes:
-        chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, stop)
-    return RemoteStream(chunks, shown, size)
+    if options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
+        chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
+    return RemoteStream(chunks, shown, total, start, head)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from shardstream._redact import redact_text
 from shardstream.errors import StorageError
 
-__all__ = ["Retrier", "ShortReadError", "fatal_error", "is_retryable"]
+__all__ = ["Retrier", "ShortReadError", "client_error_code", "fatal_error", "is_retryable"]
 
 logger = logging.getLogger("shardstream.storage")
 
@@ -65,7 +65,7 @@ class ShortReadError(OSError):
     """A response body ended before the bytes its headers promised (retryable)."""
 
 
-def _client_error_code(exc: BaseException) -> tuple[str, int]:
+def client_error_code(exc: BaseException) -> tuple[str, int]:
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -79,7 +79,7 @@ def _is_client_error(exc: BaseException) -> bool:
 def is_retryable(exc: BaseException) -> bool:
     """True when another try of the same request may succeed."""
     if _is_client_error(exc):
-        code, status = _client_error_code(exc)
+        code, status = client_error_code(exc)
         return code in _RETRYABLE_CODES or status >= 500 or status == 429
     if isinstance(exc, _FATAL_OS_ERRORS):
         return False
@@ -102,7 +102,7 @@ def fatal_error(
     exc: BaseException, url: str, action: str, secrets: Sequence[str] = ()
 ) -> BaseException:
     """The exception to raise for a non-retryable ``exc`` (the URL named, no credentials)."""
-    code, status = _client_error_code(exc) if _is_client_error(exc) else ("", 0)
+    code, status = client_error_code(exc) if _is_client_error(exc) else ("", 0)
     cause = _describe(exc, secrets)
     if isinstance(exc, FileNotFoundError) or code in _NOT_FOUND_CODES or status == 404:
         return FileNotFoundError(

@@ -23,7 +23,15 @@ from typing import Any, Protocol
 from shardstream._retry import Retrier, ShortReadError
 from shardstream.errors import StorageError
 
-__all__ = ["ChunkFetcher", "ChunkSource", "RangeBody", "RangeSource", "ReadAhead", "RemoteStream"]
+__all__ = [
+    "BoundedFile",
+    "ChunkFetcher",
+    "ChunkSource",
+    "RangeBody",
+    "RangeSource",
+    "ReadAhead",
+    "RemoteStream",
+]
 
 logger = logging.getLogger("shardstream.storage")
 
@@ -42,7 +50,11 @@ class RangeBody(Protocol):
 
 
 class RangeSource(Protocol):
-    """Opens an object's bytes ``[offset, end)`` for sequential reading (one ranged GET)."""
+    """Opens an object's bytes ``[offset, end)`` for sequential reading (one ranged GET).
+
+    A source may learn the object's size from its responses and publish it as ``total_size``
+    (S3's ``Content-Range``), which saves a HEAD request per open.
+    """
 
     def open_body(self, offset: int, end: int) -> RangeBody: ...
 
@@ -64,11 +76,14 @@ class ChunkFetcher:
 
     Args:
         source: Opens bodies for byte ranges.
-        size: Object size in bytes (from a HEAD request).
+        size: Bytes to read up to (object size, or the end of the wanted range); ``None`` when
+            unknown until the first response tells the source's ``total_size``.
         chunk_bytes: Bytes returned per ``next_chunk()`` (the last one may be shorter).
         retrier: Counts failures, sleeps between tries, raises when the budget is spent.
         first_span_bytes: Length of the first ranged request after an open or a seek.
         max_span_bytes: Longest ranged request.
+        start: Offset of the first byte fetched.
+        limit: Never fetch at or past this offset (the end of a ranged read), or ``None``.
 
     Attributes:
         next_span_bytes: Length of the next ranged request (set it to start an open smaller).
@@ -77,15 +92,18 @@ class ChunkFetcher:
     def __init__(
         self,
         source: RangeSource,
-        size: int,
+        size: int | None,
         chunk_bytes: int,
         retrier: Retrier,
         first_span_bytes: int = 2**20,
         max_span_bytes: int = 64 * 2**20,
+        start: int = 0,
+        limit: int | None = None,
     ) -> None:
         self.source, self.size, self.chunk_bytes, self.retrier = source, size, chunk_bytes, retrier
         self.first_span_bytes, self.max_span_bytes = first_span_bytes, max_span_bytes
-        self.offset = 0
+        self.limit = limit
+        self.offset = start
         self.next_span_bytes = first_span_bytes
         self._body: RangeBody | None = None
         self._body_end = 0
@@ -93,12 +111,18 @@ class ChunkFetcher:
     def seek(self, offset: int) -> None:
         """Continue from ``offset`` (drops the open response)."""
         self._close_body()
-        self.offset = max(0, min(offset, self.size))
+        self.offset = max(0, offset if self.size is None else min(offset, self.size))
         self.next_span_bytes = self.first_span_bytes
 
     def _open_body(self) -> RangeBody:
-        end = min(self.size, self.offset + self.next_span_bytes)
+        end = self.offset + self.next_span_bytes
+        if self.size is not None:
+            end = min(self.size, end)
         body = self.source.open_body(self.offset, end)
+        total = getattr(self.source, "total_size", None)
+        if total is not None:  # learnt from the response: the object may be shorter than asked
+            self.size = total if self.limit is None else min(total, self.limit)
+            end = min(end, self.size)
         self._body, self._body_end = body, end
         # Double, but never below first_span_bytes: a short opening peek is not a read pattern.
         doubled = max(2 * self.next_span_bytes, self.first_span_bytes)
@@ -107,11 +131,14 @@ class ChunkFetcher:
 
     def next_chunk(self) -> bytes | None:
         """The next chunk of the object, or ``None`` at its end (or once stopped)."""
-        while self.offset < self.size:
+        while self.size is None or self.offset < self.size:
             if self.retrier.stop.is_set():
                 return None
             try:
                 body = self._body or self._open_body()
+                if self.offset >= self._body_end:  # the object ends before the wanted range
+                    self._close_body()
+                    return None
                 chunk = body.read_chunk(min(self.chunk_bytes, self._body_end - self.offset))
                 if not chunk:
                     raise ShortReadError(
@@ -260,14 +287,16 @@ class RemoteStream(io.RawIOBase):
 
     Attributes:
         url: The object (redacted), for messages.
-        size: Object size in bytes.
+        size: Object size in bytes (the end of the range, for a ranged read).
     """
 
-    def __init__(self, chunks: ChunkSource, url: str, size: int) -> None:
+    def __init__(
+        self, chunks: ChunkSource, url: str, size: int, start: int = 0, head: bytes = b""
+    ) -> None:
         super().__init__()
         self._chunks, self.url, self.size = chunks, url, size
-        self._current = memoryview(b"")
-        self._offset = 0
+        self._current = memoryview(head)  # bytes from ``start`` already fetched (the first GET)
+        self._offset = start
         self._eof = False
         self._pid = os.getpid()
 
@@ -365,3 +394,41 @@ class RemoteStream(io.RawIOBase):
             self._chunks.close()
             self._current = memoryview(b"")
         super().close()
+
+
+class BoundedFile:
+    """A seekable file that reads as if it ended at ``end`` (ranged reads of local files).
+
+    Example:
+        >>> import io
+        >>> stream = io.BytesIO(b"abcdef")
+        >>> _ = stream.seek(1)
+        >>> BoundedFile(stream, 4).read()
+        b'bcd'
+    """
+
+    def __init__(self, stream: Any, end: int) -> None:
+        self._stream, self._end = stream, end
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self._end - self._stream.tell())
+        data: bytes = self._stream.read(left if size is None or size < 0 else min(size, left))
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._stream.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._stream.tell())
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> BoundedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

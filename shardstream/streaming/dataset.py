@@ -228,6 +228,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-a
             buffer_size=self.options.shuffle_buffer,
             skip_samples=taken * self.plan.batch_size,
             on_error=self.on_error,
+            index_urls=tuple(spec.index_url for spec in self.shards),
         )
 
     def _batch_counts(self, context: Context, consumed_batches: int) -> list[int]:

@@ -1,26 +1,79 @@
-"""Reading one piece (samples ``[start, stop)`` of one shard) with a small offset index.
+"""Reading one piece (samples ``[start, stop)`` of one shard) by byte range.
 
-A worker reads many short pieces, several from the same shard. Each open records the byte offset
-of every sample it passes in a bounded per-process index, so the next piece of that shard seeks
-straight to its first sample instead of hopping over the members before it. A
-:class:`HandlePool` keeps recently used local shard files open, so a piece costs a seek rather
-than an open (remote streams are never reused: their read-ahead is positional).
+A worker reads many short pieces, several from the same shard. When the shard has a byte-offset
+index (``shard-NNNNNN.idx``, written by the shardstream writer), the worker loads it once into a
+small :class:`IndexCache` and reads exactly the bytes ``[offsets[start], offsets[stop])``: one
+ranged GET per piece on S3, no walk over the members before it. Shards without an index (made
+by other tools) are walked from byte 0, and each walk records the offsets it passes in a bounded
+:class:`OffsetIndex`, so later pieces of that shard start closer. A :class:`HandlePool` keeps
+recently used local shard files open, so a piece costs a seek rather than an open (remote
+streams are never reused: their read-ahead is positional).
 """
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
 from shardstream import _fs
 from shardstream.errors import ShardFormatError
+from shardstream.shardindex import decode_offsets
 from shardstream.streaming.tario import Sample, TarReader, iter_samples, open_tar
 
-__all__ = ["HandlePool", "OffsetIndex", "read_piece"]
+__all__ = ["HandlePool", "IndexCache", "OffsetIndex", "read_piece"]
 
-Opener = Callable[[str], IO[bytes]]
+logger = logging.getLogger("shardstream.streaming")
+
+#: ``opener(url)`` reads from byte 0; ``opener(url, start, end)`` reads bytes ``[start, end)``.
+Opener = Callable[..., IO[bytes]]
+
+
+class IndexCache:
+    """Byte-offset indexes of recently read shards, loaded once each (least recently used dropped).
+
+    An index that cannot be read or is corrupt is logged once and remembered as missing: pieces
+    of that shard are then read by walking the shard, as for shards without an index.
+
+    Args:
+        opener: Opens a URL for binary reading (not a :class:`HandlePool`).
+        max_shards: Indexes kept; memory is 8 bytes per sample of each.
+
+    Example:
+        >>> cache = IndexCache(open)  # doctest: +SKIP
+        >>> offsets = cache.get("shard-000000.idx")  # doctest: +SKIP
+    """
+
+    def __init__(self, opener: Opener, max_shards: int = 256) -> None:
+        self._opener = opener
+        self._max_shards = max_shards
+        self._indexes: collections.OrderedDict[str, array.array[int] | None] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, index_url: str) -> array.array[int] | None:
+        """The offsets in ``index_url`` (samples then end), or None when it cannot be used."""
+        if index_url in self._indexes:
+            self._indexes.move_to_end(index_url)
+            return self._indexes[index_url]
+        offsets = self._load(index_url)
+        self._indexes[index_url] = offsets
+        while len(self._indexes) > self._max_shards:
+            self._indexes.popitem(last=False)
+        return offsets
+
+    def _load(self, index_url: str) -> array.array[int] | None:
+        try:
+            with self._opener(index_url) as stream:
+                return decode_offsets(stream.read(), index_url)
+        except (OSError, ShardFormatError) as error:  # StorageError is an OSError too
+            logger.warning(
+                "%s: not using this shard index, walking the shard (%s)", index_url, error
+            )
+            return None
 
 
 class OffsetIndex:
@@ -74,26 +127,34 @@ class HandlePool:
         return len(self._idle)
 
     @contextlib.contextmanager
-    def lend(self, url: str) -> Iterator[IO[bytes]]:
-        """Yield a handle of ``url`` positioned at byte 0; give it back (or close it) after."""
-        stream = self._take(url)
+    def lend(self, url: str, start: int = 0, end: int | None = None) -> Iterator[IO[bytes]]:
+        """Yield a handle of ``url`` positioned at ``start``; give it back (or close it) after.
+
+        A remote handle reads only bytes ``[start, end)``; a local one is a plain file (the
+        caller stops at ``end``), so it can be lent again for another range.
+        """
+        local = _fs.is_local(url)
+        stream = self._take(url, start) if local else self._opener(url, start=start, end=end)
         reusable = False
         try:
             yield stream
-            reusable = not self._closed and _fs.is_local(url)
+            reusable = not self._closed and local
         finally:
             if reusable:
                 self._give_back(url, stream)
             else:
                 stream.close()
 
-    def _take(self, url: str) -> IO[bytes]:
+    def _take(self, url: str, start: int) -> IO[bytes]:
         for slot, (idle_url, stream) in reversed(self._idle.items()):
             if idle_url == url:
                 del self._idle[slot]
-                stream.seek(0)
+                stream.seek(start)
                 return stream
-        return self._opener(url)
+        stream = self._opener(url)
+        if start:
+            stream.seek(start)
+        return stream
 
     def _give_back(self, url: str, stream: IO[bytes]) -> None:
         self._idle[id(stream)] = (url, stream)
@@ -134,11 +195,18 @@ def _position(reader: TarReader, offsets: list[int], start: int) -> int:
 
 
 def read_piece(
-    url: str, start: int, stop: int | None, opener: Opener, index: OffsetIndex | None = None
+    url: str,
+    start: int,
+    stop: int | None,
+    opener: Opener,
+    index: OffsetIndex | None = None,
+    sample_offsets: Sequence[int] | None = None,
 ) -> Iterator[Sample]:
     """Yield samples ``start..stop-1`` of the shard at ``url`` (to the end when ``stop`` is None).
 
-    ``opener`` may be :meth:`HandlePool.lend` to reuse open local files across pieces.
+    ``opener`` may be :meth:`HandlePool.lend` to reuse open local files across pieces. With
+    ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
+    read; without, the shard is walked from the last offset ``index`` knows.
 
     Raises:
         ShardFormatError: The shard is corrupt, truncated, or has fewer than ``stop`` samples.
@@ -146,6 +214,9 @@ def read_piece(
     Example:
         >>> samples = list(read_piece("shard-000000.tar", 0, 4, open))  # doctest: +SKIP
     """
+    if sample_offsets is not None:
+        yield from _read_range(url, start, stop, opener, sample_offsets)
+        return
     offsets = index.get(url) if index is not None else []
     with opener(url) as stream:
         reader = open_tar(stream, url)
@@ -164,3 +235,29 @@ def read_piece(
         f"{url}: has {ordinal} samples but the manifest says at least {stop}; the shard was "
         "changed after the build. Rebuild the dataset or run `shardstream verify`."
     )
+
+
+def _read_range(
+    url: str, start: int, stop: int | None, opener: Opener, offsets: Sequence[int]
+) -> Iterator[Sample]:
+    """Samples ``start..stop-1`` read from exactly their bytes, as the shard's index says."""
+    last = len(offsets) - 1
+    stop = last if stop is None else stop
+    if stop > last:
+        raise ShardFormatError(
+            f"{url}: its index lists {last} samples but the manifest says at least {stop}; the "
+            "shard was changed after the build. Rebuild it or run `shardstream verify`."
+        )
+    begin, end = offsets[start], offsets[stop]
+    count = 0
+    with opener(url, begin, end) as stream:
+        reader = TarReader(stream, url, seekable=True, offset=begin, end=end)
+        for sample, _ in iter_samples(reader):
+            yield sample
+            count += 1
+    if count != stop - start:
+        raise ShardFormatError(
+            f"{url}: bytes {begin}..{end} hold {count} samples, its index says {stop - start} "
+            f"(samples {start}..{stop - 1}); the shard or its index changed after the build. "
+            "Rebuild it or run `shardstream verify`."
+        )

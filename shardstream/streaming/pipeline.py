@@ -15,9 +15,10 @@ from typing import Any
 
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
 from shardstream.streaming.interleave import Interleave
-from shardstream.streaming.pieces import HandlePool, OffsetIndex, Opener, read_piece
+from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, Opener, read_piece
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import Piece
+from shardstream.streaming.tario import is_gzip_name
 
 __all__ = ["WorkerJob", "build_stages", "fast_forward", "guard_piece", "run_worker"]
 
@@ -37,6 +38,7 @@ class WorkerJob:
         buffer_size: Shuffle buffer size in samples.
         skip_samples: Samples of this worker already consumed (resume).
         on_error: ``"raise"`` or ``"skip"``.
+        index_urls: Per shard, the URL of its byte-offset index or None (empty: none at all).
     """
 
     urls: tuple[str, ...]
@@ -47,6 +49,7 @@ class WorkerJob:
     buffer_size: int
     skip_samples: int = 0
     on_error: str = "raise"
+    index_urls: tuple[str | None, ...] = ()
 
     @property
     def lengths(self) -> list[int | None]:
@@ -94,7 +97,7 @@ def fast_forward(job: WorkerJob) -> dict[str, Any]:
 
 
 def _real_opener(
-    job: WorkerJob, pool: HandlePool, skipped: list[int]
+    job: WorkerJob, pool: HandlePool, indexes: IndexCache, skipped: list[int]
 ) -> Callable[..., Iterator[Any]]:
     index = OffsetIndex()
 
@@ -102,7 +105,11 @@ def _real_opener(
         piece = job.pieces[number]
         url = job.urls[piece.shard]
         end = None if stop < 0 else piece.start + stop
-        samples = read_piece(url, piece.start + start, end, pool.lend, index)
+        index_url = job.index_urls[piece.shard] if job.index_urls else None
+        offsets = None
+        if index_url is not None and not is_gzip_name(url):
+            offsets = indexes.get(index_url)
+        samples = read_piece(url, piece.start + start, end, pool.lend, index, offsets)
         return guard_piece(
             samples, url, None if end is None else stop - start, job.on_error, skipped
         )
@@ -126,7 +133,7 @@ def run_worker(
     skipped = [0]
     pool = HandlePool(opener, max_idle=max(8, job.num_open))
     try:
-        stages = build_stages(job, _real_opener(job, pool, skipped))
+        stages = build_stages(job, _real_opener(job, pool, IndexCache(opener), skipped))
         yield from _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
     finally:
         pool.close()

@@ -25,10 +25,12 @@ class ShardSpec:
     Attributes:
         url: Local path or fsspec URL.
         num_samples: Samples in the shard from the manifest, or None when unknown.
+        index_url: The shard's byte-offset index (from the manifest), or None.
     """
 
     url: str
     num_samples: int | None = None
+    index_url: str | None = None
 
 
 def resolve_source(
@@ -59,7 +61,11 @@ def resolve_source(
         else:
             manifest = read_manifest(text, storage_options)
             shards = tuple(
-                ShardSpec(_fs.join(text, shard.name), shard.num_samples)
+                ShardSpec(
+                    _fs.join(text, shard.name),
+                    shard.num_samples,
+                    _fs.join(text, shard.index) if shard.index else None,
+                )
                 for shard in manifest.shards
             )
             if not shards:

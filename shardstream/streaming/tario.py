@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from shardstream.errors import ShardFormatError
 
-__all__ = ["Sample", "TarReader", "iter_samples", "open_tar", "split_key"]
+__all__ = ["Sample", "TarReader", "is_gzip_name", "iter_samples", "open_tar", "split_key"]
 
 Sample = dict[str, Any]
 _BLOCK = 512
@@ -55,8 +55,16 @@ class _Prepend:
         return data + self._stream.read(size - len(data)) if size > len(data) else data
 
 
+def is_gzip_name(url: str) -> bool:
+    """True for ``.tar.gz`` / ``.tgz`` names (compressed shards cannot be read by byte range)."""
+    return url.endswith((".tar.gz", ".tgz"))
+
+
 def open_tar(stream: IO[bytes], url: str) -> TarReader:
-    """Wrap an open byte stream as a :class:`TarReader`, gunzipping it if it is gzip data."""
+    """Wrap a byte stream at offset 0 as a :class:`TarReader`, gunzipping gzip data.
+
+    Gzip is recognised by its magic bytes (read from the same stream, so no extra request).
+    """
     head = stream.read(2)
     if head == b"\x1f\x8b":
         return TarReader(gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb"), url)
@@ -73,11 +81,23 @@ class TarReader:
         stream: Uncompressed tar bytes.
         url: Shard URL, named in every error.
         seekable: Whether ``stream`` may be seeked to hop over data and jump to offsets.
+        offset: Byte offset in the shard where ``stream`` is positioned (a member boundary).
+        end: Byte offset where the wanted members end (a member boundary, e.g. from the
+            shard's index): reading stops there as if the archive ended. ``None``: read to the
+            end-of-archive blocks.
     """
 
-    def __init__(self, stream: Any, url: str, seekable: bool = False) -> None:
+    def __init__(
+        self,
+        stream: Any,
+        url: str,
+        seekable: bool = False,
+        offset: int = 0,
+        end: int | None = None,
+    ) -> None:
         self.url = url
-        self.offset = 0
+        self.offset = offset
+        self.end = end
         self.last_key = ""
         self.seekable = seekable
         self._stream = stream
@@ -115,6 +135,8 @@ class TarReader:
         """
         start, name, size_override = self.offset, None, None
         while True:
+            if self.end is not None and self.offset >= self.end and name is None:
+                return None
             header = self._stream.read(_BLOCK)
             if not header:
                 raise ShardFormatError(

@@ -42,3 +42,14 @@ def test_join_and_is_local(tmp_path: pathlib.Path) -> None:
     assert _fs.join("s3://bucket/prefix/", "manifest.json") == "s3://bucket/prefix/manifest.json"
     assert _fs.join(str(tmp_path), "x") == str(tmp_path / "x")
     assert _fs.is_local(str(tmp_path)) and not _fs.is_local("s3://b/k")
+
+
+def test_local_ranged_read_starts_at_start_and_stops_at_end(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    with _fs.open_read(str(path), start=10, end=20) as stream:
+        assert stream.read(4) == bytes(range(10, 14))
+        assert stream.read() == bytes(range(14, 20))
+        assert stream.read(5) == b""
+    with _fs.open_read(str(path), start=1000) as stream:
+        assert stream.read() == bytes(range(232, 256))

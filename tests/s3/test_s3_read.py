@@ -51,7 +51,7 @@ def test_fault_free_read_uses_few_long_gets(
 ) -> None:
     assert read_all(proxy_options, FAST) == data
     assert fault_proxy.count("GET", KEY) == FAULT_FREE_GETS, "no request per small read"
-    assert fault_proxy.count("HEAD", KEY) == 1
+    assert fault_proxy.count("HEAD", KEY) == 0, "size and ETag come from the first ranged GET"
 
 
 @pytest.mark.parametrize("read_ahead_bytes", [0, 2**20])
@@ -123,7 +123,7 @@ def test_missing_object_fails_fast_without_retries(
     with pytest.raises(FileNotFoundError) as caught:
         _fs.open_read(f"s3://{BUCKET}/nope.tar", proxy_options, FAST)
     assert f"s3://{BUCKET}/nope.tar" in str(caught.value)
-    assert fault_proxy.count("HEAD", "/nope.tar") == 1
+    assert fault_proxy.count("GET", "/nope.tar") == 1
     assert time.monotonic() - started < 2.0
 
 
@@ -174,7 +174,8 @@ def test_read_ahead_is_bounded_and_stops_on_close(
 def test_read_ahead_propagates_errors_without_hanging(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:
-    fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=0, times=0)
+    # The open's own first GET succeeds; every later one (the read-ahead thread's) fails.
+    fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=0, nth=2, times=0)
     stream = _fs.open_read(URL, proxy_options, FAST)
     with pytest.raises(StorageError, match=r"after 4 attempts.*(Connection|reset)"):
         stream.read()
@@ -244,3 +245,34 @@ def test_a_short_piece_fetches_little_and_many_open_streams_do_not_stall(
         for stream in streams:
             stream.close()
     assert fault_proxy.body_bytes_sent < 16 * (64 * 2**10 + 2**20 + 2 * 2**20)
+
+
+@pytest.mark.parametrize("read_ahead_bytes", [0, 2**20])
+def test_ranged_read_fetches_only_its_range_in_one_get(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy, read_ahead_bytes: int
+) -> None:
+    options = _fs.ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
+    start, end = 1_000_000, 1_200_000
+    with _fs.open_read(URL, proxy_options, options, start=start, end=end) as stream:
+        assert stream.read() == data[start:end]
+    assert fault_proxy.count("GET", KEY) == 1 and fault_proxy.count("HEAD", KEY) == 0
+    assert fault_proxy.body_bytes_sent == end - start, "nothing prefetched past the range"
+
+
+def test_ranged_read_resumes_inside_its_range_after_a_reset(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    rule = fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=70_000)
+    start, end = 500_000, 700_000
+    with _fs.open_read(URL, proxy_options, FAST, start=start, end=end) as stream:
+        assert stream.read() == data[start:end]
+    assert rule.hits == 1
+
+
+def test_ranged_read_past_the_end_of_a_shorter_object(
+    data: bytes, proxy_options: dict[str, Any]
+) -> None:
+    with _fs.open_read(URL, proxy_options, FAST, start=SIZE - 100, end=SIZE + 5000) as stream:
+        assert stream.read() == data[-100:]
+    with _fs.open_read(URL, proxy_options, FAST, start=SIZE + 10, end=SIZE + 5000) as stream:
+        assert stream.read() == b""

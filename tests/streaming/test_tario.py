@@ -124,3 +124,46 @@ def test_pieces_seek_with_the_offset_index(tmp_path: pathlib.Path) -> None:
         list(read_piece(str(path), 0, 12, _open, index))
     with pytest.raises(ShardFormatError, match="manifest says"):
         list(read_piece(str(path), 11, 12, _open, OffsetIndex()))
+
+
+def _ranged_opener(calls: list[tuple[int, int | None]]):  # type: ignore[no-untyped-def]
+    from shardstream import _fs
+
+    def opener(url: str, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
+        calls.append((start, end))
+        return _fs.open_read(url, start=start, end=end)
+
+    return opener
+
+
+def _walked_offsets(path: pathlib.Path) -> list[int]:
+    with open(path, "rb") as stream:
+        offsets = [offset for _, offset in iter_samples(open_tar(stream, str(path)))]
+    return [*offsets, path.stat().st_size - 1024]
+
+
+def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path, 9)
+    offsets = _walked_offsets(path)
+    calls: list[tuple[int, int | None]] = []
+    opener = _ranged_opener(calls)
+    keys = [s["__key__"] for s in read_piece(str(path), 5, 8, opener, None, offsets)]
+    assert keys == ["k5", "k6", "k7"] and calls == [(offsets[5], offsets[8])]
+    tail = [s["__key__"] for s in read_piece(str(path), 7, None, opener, None, offsets)]
+    assert tail == ["k7", "k8"] and calls[-1] == (offsets[7], offsets[9])
+    with pytest.raises(ShardFormatError, match="index lists 9 samples but the manifest says"):
+        list(read_piece(str(path), 0, 12, opener, None, offsets))
+
+
+def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path, 9)
+    offsets = _walked_offsets(path)
+    opener = _ranged_opener([])
+    wrong = [*offsets[:4], offsets[4] + 512, *offsets[5:]]
+    with pytest.raises(ShardFormatError, match=r"shard\.tar: no valid tar header at byte offset"):
+        list(read_piece(str(path), 4, 6, opener, None, wrong))
+    path.write_bytes(path.read_bytes()[: offsets[6] + 700])
+    with pytest.raises(
+        ShardFormatError, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"
+    ):
+        list(read_piece(str(path), 5, 8, opener, None, offsets))
