@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -250,13 +251,15 @@ def prepare(args: argparse.Namespace) -> dict:
     for name, shuffle in (("shards", True), ("ordered", False)):
         dest = DATA_ROOT / f"load-{name}-{args.num_images}-{args.num_classes}"
         if not is_current(dest):  # stale caches (no byte-offset index) are rebuilt
-            build_shards(images, dest, shuffle=shuffle, workers=2, overwrite=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            build_shards(images, dest, shuffle=shuffle, workers=2)
         paths[name] = str(dest)
     if args.tiny:
         tiny = tiny_tree(args.tiny)
         dest = DATA_ROOT / f"load-tiny-{args.tiny}"
         if not is_current(dest):
-            build_shards(tiny, dest, workers=2, overwrite=True)
+            shutil.rmtree(dest, ignore_errors=True)
+            build_shards(tiny, dest, workers=2)
         paths.update(tiny=str(tiny), tiny_shards=str(dest))
     return paths
 
