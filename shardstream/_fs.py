@@ -14,7 +14,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -127,7 +127,7 @@ def open_read(
         stream = fs.open(path, "rb")
         if start:
             stream.seek(start)
-        return stream if end is None else BoundedFile(stream, end)  # type: ignore[no-any-return]
+        return cast(IO[bytes], stream if end is None else BoundedFile(stream, end))
     from shardstream import _remote  # s3fs/aiohttp are imported only when needed
 
     options = read_options or ReadOptions()

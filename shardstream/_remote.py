@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import fsspec
 from fsspec.asyn import sync
@@ -52,7 +52,7 @@ def read_filesystem(
         config.setdefault("read_timeout", timeout_s)
         config.setdefault("connect_timeout", timeout_s)
         options["config_kwargs"] = config
-    return fsspec.core.url_to_fs(url, **options)  # type: ignore[no-any-return]
+    return fsspec.core.url_to_fs(url, **options)
 
 
 async def _read_up_to(
@@ -210,11 +210,14 @@ def _stat(source: Any, retrier: Retrier) -> tuple[int, str | None]:
 
 def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] | None:
     """Fetch the whole object into the cache (once per process and folder); open the entry."""
+    size = fetcher.size
+    if size is None:  # the cache is keyed on the size; unknown here, so read directly
+        return None
     with cache.lock(path):
-        hit = cache.open_cached(path, fetcher.size)
+        hit = cache.open_cached(path, size)
         if hit is not None:
             return hit
-        writer = cache.start(path, fetcher.size)
+        writer = cache.start(path, size)
         if writer is None:
             return None
         try:
@@ -226,7 +229,7 @@ def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] 
         finally:
             fetcher.close()
         writer.commit()
-    return cache.open_cached(path, fetcher.size)
+    return cache.open_cached(path, size)
 
 
 def open_remote(
@@ -315,4 +318,4 @@ def _stream_range(
     chunks: ChunkSource = fetcher
     if options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
-    return RemoteStream(chunks, shown, total, start, head)
+    return cast(IO[bytes], RemoteStream(chunks, shown, total, start, head))

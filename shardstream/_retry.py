@@ -24,7 +24,7 @@ logger = logging.getLogger("shardstream.storage")
 try:  # botocore and aiohttp come with the optional s3 extra.
     from botocore import exceptions as _boto
 except ImportError:  # pragma: no cover - exercised only without s3fs installed
-    _boto = None  # type: ignore[assignment]
+    _boto = None
 try:
     import aiohttp as _aiohttp
 except ImportError:  # pragma: no cover

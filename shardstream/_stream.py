@@ -382,7 +382,7 @@ class RemoteStream(io.RawIOBase):
         return data
 
     def readall(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             data = self.read(8 * 2**20)
             if not data:

@@ -25,7 +25,7 @@ from shardstream.streaming.context import in_worker
 __all__ = ["ByteViews", "collate_dicts", "collate_pairs", "pack_bytes", "stack_or_list"]
 
 
-class ByteViews(list):  # type: ignore[type-arg]
+class ByteViews(list):
     """A list of 1-D ``uint8`` tensor views into one flat buffer; pickles as buffer + offsets.
 
     Unpickled (e.g. in the training process) it becomes a plain ``list`` of views again.

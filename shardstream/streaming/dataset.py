@@ -69,7 +69,7 @@ class StreamOptions:
     read_options: _fs.ReadOptions | None = None
 
 
-class StreamingDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class StreamingDataset(torch.utils.data.IterableDataset):
     """Stream WebDataset shards into PyTorch with exact, equal and resumable epochs.
 
     With a manifest (a folder written by :func:`shardstream.build_shards`), every rank yields the

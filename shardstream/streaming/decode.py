@@ -58,7 +58,7 @@ def decode_image(data: bytes, extension: str, mode: str, min_side: int | None = 
     from PIL import Image
 
     is_jpeg = codecs.extension_of(extension) in ("jpg", "jpeg")
-    image = Image.open(io.BytesIO(data))
+    image: Image.Image = Image.open(io.BytesIO(data))
     if is_jpeg and min_side is not None and min(image.size) >= 2 * min_side:
         image.draft("RGB", (min_side, min_side))
     image = image.convert("RGB")

@@ -15,7 +15,7 @@ __all__ = ["StreamingDataLoader"]
 STATE_VERSION = 1
 
 
-class StreamingDataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+class StreamingDataLoader(torch.utils.data.DataLoader):
     """A DataLoader over a :class:`StreamingDataset` with ``state_dict``/``load_state_dict``.
 
     The state is a small dict (epoch, batches consumed on this rank, and a fingerprint of the
@@ -109,7 +109,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg
         if epoch != self._epoch:
             self._epoch, self._consumed, self._finished = epoch, 0, False
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
         self._sync_epoch()
         if self._finished:
             self._consumed, self._finished = 0, False

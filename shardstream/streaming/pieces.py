@@ -30,6 +30,8 @@ logger = logging.getLogger("shardstream.streaming")
 
 #: ``opener(url)`` reads from byte 0; ``opener(url, start, end)`` reads bytes ``[start, end)``.
 Opener = Callable[..., IO[bytes]]
+#: Opens a byte range for a ``with`` block: a file, or a context manager lending one.
+PieceOpener = Callable[..., contextlib.AbstractContextManager[IO[bytes]]]
 
 
 class IndexCache:
@@ -198,7 +200,7 @@ def read_piece(
     url: str,
     start: int,
     stop: int | None,
-    opener: Opener,
+    opener: PieceOpener,
     index: OffsetIndex | None = None,
     sample_offsets: Sequence[int] | None = None,
 ) -> Iterator[Sample]:
@@ -238,7 +240,7 @@ def read_piece(
 
 
 def _read_range(
-    url: str, start: int, stop: int | None, opener: Opener, offsets: Sequence[int]
+    url: str, start: int, stop: int | None, opener: PieceOpener, offsets: Sequence[int]
 ) -> Iterator[Sample]:
     """Samples ``start..stop-1`` read from exactly their bytes, as the shard's index says."""
     last = len(offsets) - 1

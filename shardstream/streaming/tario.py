@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from shardstream.errors import ShardFormatError
 
@@ -67,7 +67,8 @@ def open_tar(stream: IO[bytes], url: str) -> TarReader:
     """
     head = stream.read(2)
     if head == b"\x1f\x8b":
-        return TarReader(gzip.GzipFile(fileobj=_Prepend(head, stream), mode="rb"), url)
+        gunzipped = gzip.GzipFile(fileobj=cast(IO[bytes], _Prepend(head, stream)), mode="rb")
+        return TarReader(gunzipped, url)
     if _is_seekable(stream):
         stream.seek(0)
         return TarReader(stream, url, seekable=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.ddp import exit_rank_cleanly
 from tests.s3.s3env import BUCKET
 
 torch = pytest.importorskip("torch")
@@ -54,6 +55,7 @@ def _rank(rank: int, port: int, storage_options: dict[str, Any], out: str) -> No
         dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
+    exit_rank_cleanly()
 
 
 def _run_ranks(target: Callable[..., None], args: tuple[Any, ...]) -> None:

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from tests.ddp import exit_rank_cleanly
 from tests.streaming.shards import make_dataset
 
 WORLD = 3
@@ -35,6 +36,7 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
         dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
+    exit_rank_cleanly()
 
 
 @pytest.mark.slow
@@ -79,6 +81,7 @@ def _train(rank: int, root: str, store: str) -> None:
         dist.barrier()  # gloo can abort a rank that tears down while a peer still talks to it
     finally:
         dist.destroy_process_group()
+    exit_rank_cleanly()
 
 
 @pytest.mark.slow
