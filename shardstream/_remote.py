@@ -26,9 +26,10 @@ import fsspec
 from fsspec.asyn import sync
 
 from shardstream._cache import ShardCache
+from shardstream._readahead import ReadAhead
 from shardstream._redact import redact_url, secret_values
 from shardstream._retry import Retrier, client_error_code
-from shardstream._stream import BoundedFile, ChunkFetcher, ChunkSource, ReadAhead, RemoteStream
+from shardstream._stream import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
 
 __all__ = ["open_remote", "read_filesystem"]
 
