@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import pathlib
 from collections.abc import Callable
 
@@ -70,4 +69,3 @@ def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    os.environ.setdefault("PYTHONHASHSEED", "0")

@@ -11,7 +11,7 @@ from typing import Any
 
 import shardstream
 from shardstream import _fs
-from shardstream.errors import ConfigError, DatasetExistsError
+from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.manifest import Manifest, write_manifest
 from shardstream.shardwriter import state
 from shardstream.shardwriter.execute import run_tasks
@@ -171,8 +171,6 @@ def _build_from_iterable(
         tasks(), lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
     )
     if not results:
-        from shardstream.errors import SourceError
-
         raise SourceError("the iterable source yielded no samples")
     return _finish(dest, state_url, results, None, settings, None, storage)
 

@@ -33,7 +33,8 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     Example:
         >>> loader = StreamingDataLoader(ds, num_workers=8)  # doctest: +SKIP
         >>> torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, path)
-        >>> loader.load_state_dict(torch.load(path)["loader"])  # after a restart
+        >>> # after a restart; the loader state is plain data, so weights_only=True loads it
+        >>> loader.load_state_dict(torch.load(path, weights_only=True)["loader"])
     """
 
     def __init__(self, dataset: StreamingDataset, **kwargs: Any) -> None:
