@@ -130,15 +130,20 @@ class Manifest:
             )
         try:
             manifest = cls(
-                shards=tuple(ShardInfo(**shard) for shard in document["shards"]),
+                shards=tuple(_shard_info(shard, where) for shard in document["shards"]),
                 class_names=_optional_names(document.get("class_names")),
                 settings=dict(document.get("settings") or {}),
                 skipped=tuple(SkippedSample(**item) for item in document.get("skipped") or ()),
                 created_by=str(document.get("created_by", "")),
                 format_version=version,
             )
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, ValueError) as error:
+            if isinstance(error, ManifestError):
+                raise
             raise ManifestError(f"{where}: malformed manifest ({error!r})") from error
+        names = [shard.name for shard in manifest.shards]
+        if len(set(names)) != len(names):
+            raise ManifestError(f"{where}: lists a shard twice; the manifest is corrupt")
         if document.get("num_samples", manifest.num_samples) != manifest.num_samples:
             raise ManifestError(
                 f"{where}: num_samples {document['num_samples']} disagrees with the sum of the "
@@ -148,7 +153,42 @@ class Manifest:
 
 
 def _optional_names(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    if names is not None and not isinstance(names, list):
+        raise TypeError(f"class_names must be a list or null, not {type(names).__name__}")
     return None if names is None else tuple(str(name) for name in names)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _shard_info(entry: Any, where: str) -> ShardInfo:
+    """One ``shards`` entry, checked field by field: a manifest is data from storage too."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"a shard entry must be an object, not {type(entry).__name__}")
+    shard = ShardInfo(**entry)
+    problem = None
+    for field in ("num_samples", "num_bytes"):
+        value = getattr(shard, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problem = f"{field} {value!r} is not a non-negative integer"
+    if not isinstance(shard.sha256, str) or len(shard.sha256) != 64 or set(shard.sha256) - _HEX:
+        problem = f"sha256 {shard.sha256!r} is not 64 lowercase hex digits"
+    for field in ("name", "index"):
+        name = getattr(shard, field)
+        if field == "index" and name is None:
+            continue
+        if not _is_relative_name(name):
+            problem = f"{field} {name!r} is not a relative file name inside the dataset"
+    if problem is not None:
+        raise ManifestError(f"{where}: shard entry {entry.get('name')!r}: {problem}")
+    return shard
+
+
+def _is_relative_name(name: Any) -> bool:
+    """A name that stays inside the dataset folder: relative, no ``..``, no scheme."""
+    if not isinstance(name, str) or not name or "\\" in name or "://" in name:
+        return False
+    return not name.startswith("/") and ".." not in name.split("/")
 
 
 def read_manifest(dataset_url: str, storage_options: _fs.StorageOptions = None) -> Manifest:

@@ -20,6 +20,8 @@ import array
 import sys
 from collections.abc import Sequence
 
+import numpy as np
+
 from shardstream.errors import ShardFormatError
 
 __all__ = ["INDEX_VERSION", "decode_offsets", "encode_offsets", "index_name"]
@@ -27,6 +29,8 @@ __all__ = ["INDEX_VERSION", "decode_offsets", "encode_offsets", "index_name"]
 INDEX_VERSION = 1
 _MAGIC = b"SSTIDX\0\0"
 _HEADER_BYTES = 16
+_BLOCK = 512
+_END_BYTES = 2 * _BLOCK
 
 
 def index_name(shard_name: str) -> str:
@@ -48,12 +52,20 @@ def encode_offsets(offsets: Sequence[int]) -> bytes:
     return _MAGIC + INDEX_VERSION.to_bytes(8, "little") + values.tobytes()
 
 
-def decode_offsets(data: bytes, url: str, num_samples: int | None = None) -> array.array[int]:
-    """Parse an index file; ``url`` names it in errors, ``num_samples`` is checked when given.
+def decode_offsets(
+    data: bytes, url: str, num_samples: int | None = None, num_bytes: int | None = None
+) -> array.array[int]:
+    """Parse an index file; ``url`` names it in errors; the manifest's counts are checked if given.
+
+    Every offset must be a 512-byte tar block boundary and larger than the one before (a
+    sample takes at least one block), and the samples must end where the shard's end-of-archive
+    blocks begin, so an index that belongs to another shard or build is refused rather than
+    used to read wrong bytes.
 
     Raises:
-        ShardFormatError: Wrong magic or version, a torn file, offsets that go backwards, or
-            another sample count than ``num_samples``.
+        ShardFormatError: Wrong magic or version, a torn file, offsets out of order or off the
+            tar block grid, another sample count than ``num_samples``, or an end offset that
+            does not fit a shard of ``num_bytes``.
     """
     if data[:8] != _MAGIC:
         raise ShardFormatError(f"{url}: not a shardstream index (bad magic {data[:8]!r})")
@@ -66,14 +78,20 @@ def decode_offsets(data: bytes, url: str, num_samples: int | None = None) -> arr
     body = data[_HEADER_BYTES:]
     if not body or len(body) % 8:
         raise ShardFormatError(f"{url}: index body of {len(body)} bytes is torn or empty")
-    offsets = array.array("Q", body)
-    if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
-        offsets.byteswap()
-    if any(offsets[i] > offsets[i + 1] for i in range(len(offsets) - 1)):
+    values = np.frombuffer(body, dtype="<u8")
+    if values[0] != 0 or np.any(values % _BLOCK) or np.any(np.diff(values) == 0):
+        raise ShardFormatError(f"{url}: index offsets are not increasing tar block boundaries")
+    if np.any(values[1:] < values[:-1]):
         raise ShardFormatError(f"{url}: index offsets go backwards; the index is corrupt")
-    if num_samples is not None and len(offsets) != num_samples + 1:
+    if num_samples is not None and len(values) != num_samples + 1:
         raise ShardFormatError(
-            f"{url}: index lists {len(offsets) - 1} samples, the manifest {num_samples}; "
+            f"{url}: index lists {len(values) - 1} samples, the manifest {num_samples}; "
             "rebuild the dataset or run `shardstream verify`"
         )
-    return offsets
+    if num_bytes is not None and int(values[-1]) + _END_BYTES != num_bytes:
+        raise ShardFormatError(
+            f"{url}: index says the samples end at byte {int(values[-1])}, but the shard's "
+            f"{num_bytes} bytes end them at {num_bytes - _END_BYTES}; the index belongs to "
+            "another build. Rebuild the dataset or run `shardstream verify`."
+        )
+    return array.array("Q", values.astype(np.uint64).tolist())

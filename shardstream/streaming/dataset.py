@@ -29,6 +29,7 @@ from shardstream.streaming.split import (
     shard_order,
     worker_batch_counts,
 )
+from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES
 
 __all__ = ["StreamOptions", "StreamingDataset"]
 
@@ -53,6 +54,9 @@ class StreamOptions:
         output: ``"pair"`` yields ``(image, label)``; ``"dict"`` yields every field.
         allow_pickle: Unpickle ``.pyd``/``.pth`` members (runs code from the data; opt in only
             for data you trust).
+        max_member_bytes: Largest tar member read into memory (1 GiB). A header declaring more,
+            or more than the rest of the shard, is a ``ShardFormatError`` (skipped and counted
+            with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
         storage_options: fsspec options for remote URLs.
         read_options: Retries, read-ahead and cache for remote reads.
     """
@@ -65,6 +69,7 @@ class StreamOptions:
     world_size: int | None = None
     output: str = "pair"
     allow_pickle: bool = False
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
     storage_options: Mapping[str, Any] | None = None
     read_options: _fs.ReadOptions | None = None
 
@@ -220,7 +225,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             pieces = self._whole_shards(context)
         taken = batches_consumed_per_worker(batch_counts, consumed_batches)[context.worker]
         return WorkerJob(
-            urls=tuple(spec.url for spec in self.shards),
+            shards=self.shards,
             pieces=tuple(pieces),
             seed=(self.plan.seed, self.epoch, context.rank, context.worker),
             shuffle=self.plan.shuffle,
@@ -228,7 +233,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             buffer_size=self.options.shuffle_buffer,
             skip_samples=taken * self.plan.batch_size,
             on_error=self.on_error,
-            index_urls=tuple(spec.index_url for spec in self.shards),
+            max_member_bytes=self.options.max_member_bytes,
         )
 
     def _batch_counts(self, context: Context, consumed_batches: int) -> list[int]:

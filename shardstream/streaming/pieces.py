@@ -22,11 +22,20 @@ from typing import IO
 from shardstream import _fs
 from shardstream.errors import ShardFormatError
 from shardstream.shardindex import decode_offsets
-from shardstream.streaming.tario import Sample, TarReader, iter_samples, open_tar
+from shardstream.streaming.tario import (
+    DEFAULT_MAX_MEMBER_BYTES,
+    Sample,
+    TarReader,
+    iter_samples,
+    open_tar,
+)
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex", "read_piece"]
 
 logger = logging.getLogger("shardstream.streaming")
+
+#: An index of 16M samples; real shards hold thousands.
+_MAX_INDEX_BYTES = 128 << 20
 
 #: ``opener(url)`` reads from byte 0; ``opener(url, start, end)`` reads bytes ``[start, end)``.
 Opener = Callable[..., IO[bytes]]
@@ -56,21 +65,32 @@ class IndexCache:
             collections.OrderedDict()
         )
 
-    def get(self, index_url: str) -> array.array[int] | None:
-        """The offsets in ``index_url`` (samples then end), or None when it cannot be used."""
+    def get(
+        self, index_url: str, num_samples: int | None = None, num_bytes: int | None = None
+    ) -> array.array[int] | None:
+        """The offsets in ``index_url`` (samples then end), or None when it cannot be used.
+
+        ``num_samples`` and ``num_bytes`` (the manifest's) are checked against the index, so an
+        index of another build is not used.
+        """
         if index_url in self._indexes:
             self._indexes.move_to_end(index_url)
             return self._indexes[index_url]
-        offsets = self._load(index_url)
+        offsets = self._load(index_url, num_samples, num_bytes)
         self._indexes[index_url] = offsets
         while len(self._indexes) > self._max_shards:
             self._indexes.popitem(last=False)
         return offsets
 
-    def _load(self, index_url: str) -> array.array[int] | None:
+    def _load(
+        self, index_url: str, num_samples: int | None, num_bytes: int | None
+    ) -> array.array[int] | None:
         try:
             with self._opener(index_url) as stream:
-                return decode_offsets(stream.read(), index_url)
+                data = stream.read(_MAX_INDEX_BYTES + 1)
+            if len(data) > _MAX_INDEX_BYTES:
+                raise ShardFormatError(f"larger than {_MAX_INDEX_BYTES} bytes")
+            return decode_offsets(data, index_url, num_samples, num_bytes)
         except (OSError, ShardFormatError) as error:  # StorageError is an OSError too
             logger.warning(
                 "%s: not using this shard index, walking the shard (%s)", index_url, error
@@ -203,25 +223,28 @@ def read_piece(
     opener: PieceOpener,
     index: OffsetIndex | None = None,
     sample_offsets: Sequence[int] | None = None,
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
 ) -> Iterator[Sample]:
     """Yield samples ``start..stop-1`` of the shard at ``url`` (to the end when ``stop`` is None).
 
     ``opener`` may be :meth:`HandlePool.lend` to reuse open local files across pieces. With
     ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
-    read; without, the shard is walked from the last offset ``index`` knows.
+    read; without, the shard is walked from the last offset ``index`` knows. No member larger
+    than ``max_member_bytes`` is read into memory.
 
     Raises:
-        ShardFormatError: The shard is corrupt, truncated, or has fewer than ``stop`` samples.
+        ShardFormatError: The shard is corrupt, truncated, has fewer than ``stop`` samples, or
+            disagrees with its index.
 
     Example:
         >>> samples = list(read_piece("shard-000000.tar", 0, 4, open))  # doctest: +SKIP
     """
     if sample_offsets is not None:
-        yield from _read_range(url, start, stop, opener, sample_offsets)
+        yield from _read_range(url, start, stop, opener, sample_offsets, max_member_bytes)
         return
     offsets = index.get(url) if index is not None else []
     with opener(url) as stream:
-        reader = open_tar(stream, url)
+        reader = open_tar(stream, url, max_member_bytes)
         ordinal = _position(reader, offsets, start)
         for sample, offset in iter_samples(reader):
             if ordinal == len(offsets):
@@ -240,9 +263,19 @@ def read_piece(
 
 
 def _read_range(
-    url: str, start: int, stop: int | None, opener: PieceOpener, offsets: Sequence[int]
+    url: str,
+    start: int,
+    stop: int | None,
+    opener: PieceOpener,
+    offsets: Sequence[int],
+    max_member_bytes: int,
 ) -> Iterator[Sample]:
-    """Samples ``start..stop-1`` read from exactly their bytes, as the shard's index says."""
+    """Samples ``start..stop-1`` read from exactly their bytes, as the shard's index says.
+
+    Each sample is read up to where the index says the next one starts, so it must start there
+    and be exactly one sample: an index that does not match its shard raises instead of
+    yielding samples cut in the wrong places, and a corrupt member costs only its own sample.
+    """
     last = len(offsets) - 1
     stop = last if stop is None else stop
     if stop > last:
@@ -251,15 +284,23 @@ def _read_range(
             "shard was changed after the build. Rebuild it or run `shardstream verify`."
         )
     begin, end = offsets[start], offsets[stop]
-    count = 0
     with opener(url, begin, end) as stream:
-        reader = TarReader(stream, url, seekable=True, offset=begin, end=end)
-        for sample, _ in iter_samples(reader):
-            yield sample
-            count += 1
-    if count != stop - start:
-        raise ShardFormatError(
-            f"{url}: bytes {begin}..{end} hold {count} samples, its index says {stop - start} "
-            f"(samples {start}..{stop - 1}); the shard or its index changed after the build. "
-            "Rebuild it or run `shardstream verify`."
-        )
+        reader = TarReader(stream, url, True, begin, end, max_member_bytes=max_member_bytes)
+        for ordinal in range(start, stop):
+            reader.end = offsets[ordinal + 1]
+            found = list(iter_samples(reader))
+            if len(found) != 1 or found[0][1] != offsets[ordinal]:
+                raise _index_mismatch(url, ordinal, offsets, found)
+            yield found[0][0]
+
+
+def _index_mismatch(
+    url: str, ordinal: int, offsets: Sequence[int], found: list[tuple[Sample, int]]
+) -> ShardFormatError:
+    where = f"bytes {offsets[ordinal]}..{offsets[ordinal + 1]}"
+    seen = ", ".join(f"{sample['__key__']!r} at byte {offset}" for sample, offset in found[:3])
+    return ShardFormatError(
+        f"{url}: its index says sample {ordinal} is {where}, but they hold "
+        f"{len(found)} sample(s) ({seen or 'none'}); the shard or its index changed after the "
+        "build. Rebuild it or run `shardstream verify`."
+    )

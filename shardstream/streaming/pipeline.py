@@ -16,9 +16,10 @@ from typing import Any
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
 from shardstream.streaming.interleave import Interleave
 from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, Opener, read_piece
+from shardstream.streaming.shardlist import ShardSpec
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import Piece
-from shardstream.streaming.tario import is_gzip_name
+from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
 
 __all__ = ["WorkerJob", "build_stages", "fast_forward", "guard_piece", "run_worker"]
 
@@ -30,7 +31,7 @@ class WorkerJob:
     """Everything one worker needs for one epoch (plain values, cheap to build).
 
     Attributes:
-        urls: Shard URLs; ``Piece.shard`` indexes into it.
+        shards: The shards; ``Piece.shard`` indexes into it.
         pieces: Pieces to read; ``stop == -1`` means "to the end" (no manifest).
         seed: Seed sequence ``[seed, epoch, rank, worker]``.
         shuffle: Shuffle (random piece order, interleave, buffer) or read in plan order.
@@ -38,10 +39,10 @@ class WorkerJob:
         buffer_size: Shuffle buffer size in samples.
         skip_samples: Samples of this worker already consumed (resume).
         on_error: ``"raise"`` or ``"skip"``.
-        index_urls: Per shard, the URL of its byte-offset index or None (empty: none at all).
+        max_member_bytes: Largest tar member read into memory.
     """
 
-    urls: tuple[str, ...]
+    shards: tuple[ShardSpec, ...]
     pieces: tuple[Piece, ...]
     seed: tuple[int, ...]
     shuffle: bool
@@ -49,7 +50,7 @@ class WorkerJob:
     buffer_size: int
     skip_samples: int = 0
     on_error: str = "raise"
-    index_urls: tuple[str | None, ...] = ()
+    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
 
     @property
     def lengths(self) -> list[int | None]:
@@ -103,13 +104,15 @@ def _real_opener(
 
     def open_piece(number: int, start: int, stop: int) -> Iterator[Any]:
         piece = job.pieces[number]
-        url = job.urls[piece.shard]
+        shard = job.shards[piece.shard]
+        url = shard.url
         end = None if stop < 0 else piece.start + stop
-        index_url = job.index_urls[piece.shard] if job.index_urls else None
         offsets = None
-        if index_url is not None and not is_gzip_name(url):
-            offsets = indexes.get(index_url)
-        samples = read_piece(url, piece.start + start, end, pool.lend, index, offsets)
+        if shard.index_url is not None and not is_gzip_name(url):
+            offsets = indexes.get(shard.index_url, shard.num_samples, shard.num_bytes)
+        samples = read_piece(
+            url, piece.start + start, end, pool.lend, index, offsets, job.max_member_bytes
+        )
         return guard_piece(
             samples, url, None if end is None else stop - start, job.on_error, skipped
         )

@@ -26,11 +26,13 @@ class ShardSpec:
         url: Local path or fsspec URL.
         num_samples: Samples in the shard from the manifest, or None when unknown.
         index_url: The shard's byte-offset index (from the manifest), or None.
+        num_bytes: The shard's size in bytes from the manifest, or None when unknown.
     """
 
     url: str
     num_samples: int | None = None
     index_url: str | None = None
+    num_bytes: int | None = None
 
 
 def resolve_source(
@@ -65,6 +67,7 @@ def resolve_source(
                     _fs.join(text, shard.name),
                     shard.num_samples,
                     _fs.join(text, shard.index) if shard.index else None,
+                    shard.num_bytes,
                 )
                 for shard in manifest.shards
             )

@@ -13,18 +13,41 @@ the first ``.`` of the basename) that sit next to each other form one sample. Di
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import zlib
 from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from shardstream.errors import ShardFormatError
+from shardstream.streaming.tarheader import (
+    BLOCK,
+    MAX_EXTENDED_BYTES,
+    check_header,
+    header_name,
+    padded,
+    parse_pax,
+)
 
-__all__ = ["Sample", "TarReader", "is_gzip_name", "iter_samples", "open_tar", "split_key"]
+__all__ = [
+    "DEFAULT_MAX_MEMBER_BYTES",
+    "Sample",
+    "TarReader",
+    "is_gzip_name",
+    "iter_samples",
+    "open_tar",
+    "split_key",
+    "stream_size",
+]
 
 Sample = dict[str, Any]
-_BLOCK = 512
-_ZERO = bytes(_BLOCK)
+_ZERO = bytes(BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")
-_SKIP_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6", b"g", b"K", b"V")
+#: Default largest member read into memory (a documented ``StreamOptions`` setting).
+DEFAULT_MAX_MEMBER_BYTES = 1 << 30
+#: Members of one sample (key) at most; real samples have a handful.
+MAX_MEMBERS_PER_SAMPLE = 1024
+_CHUNK_BYTES = 16 << 20
 
 
 def split_key(name: str) -> tuple[str, str] | None:
@@ -60,23 +83,32 @@ def is_gzip_name(url: str) -> bool:
     return url.endswith((".tar.gz", ".tgz"))
 
 
-def open_tar(stream: IO[bytes], url: str) -> TarReader:
+def open_tar(
+    stream: IO[bytes], url: str, max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+) -> TarReader:
     """Wrap a byte stream at offset 0 as a :class:`TarReader`, gunzipping gzip data.
 
     Gzip is recognised by its magic bytes (read from the same stream, so no extra request).
+    The stream's size, when known, bounds what headers may declare.
     """
     head = stream.read(2)
     if head == b"\x1f\x8b":
         gunzipped = gzip.GzipFile(fileobj=cast(IO[bytes], _Prepend(head, stream)), mode="rb")
-        return TarReader(gunzipped, url)
+        return TarReader(gunzipped, url, max_member_bytes=max_member_bytes)
+    size = stream_size(stream)
     if _is_seekable(stream):
         stream.seek(0)
-        return TarReader(stream, url, seekable=True)
-    return TarReader(_Prepend(head, stream), url)
+        return TarReader(stream, url, True, size=size, max_member_bytes=max_member_bytes)
+    return TarReader(_Prepend(head, stream), url, size=size, max_member_bytes=max_member_bytes)
 
 
 class TarReader:
     """Sequential reader of tar members with byte offsets; can hop over member data.
+
+    Nothing a header declares is believed blindly: a member larger than ``max_member_bytes``,
+    or reaching past the known end of the shard (``end``, else ``size``), is a
+    :class:`ShardFormatError` before any memory is allocated for it, and data is read in
+    bounded chunks, so memory grows with the bytes actually present, never with a declared size.
 
     Args:
         stream: Uncompressed tar bytes.
@@ -86,6 +118,8 @@ class TarReader:
         end: Byte offset where the wanted members end (a member boundary, e.g. from the
             shard's index): reading stops there as if the archive ended. ``None``: read to the
             end-of-archive blocks.
+        size: The shard's size in bytes when known (file size, Content-Length), else None.
+        max_member_bytes: Largest member whose data is read into memory.
     """
 
     def __init__(
@@ -95,13 +129,22 @@ class TarReader:
         seekable: bool = False,
         offset: int = 0,
         end: int | None = None,
+        size: int | None = None,
+        max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
     ) -> None:
         self.url = url
         self.offset = offset
         self.end = end
         self.last_key = ""
         self.seekable = seekable
+        self.max_member_bytes = max_member_bytes
+        self._size = size
         self._stream = stream
+
+    @property
+    def _limit(self) -> int | None:
+        """Where the readable bytes end: the wanted range's end, else the shard's size."""
+        return self.end if self.end is not None else self._size
 
     def seek(self, offset: int) -> bool:
         """Jump to a byte offset (a member boundary); False when the stream cannot seek."""
@@ -111,8 +154,19 @@ class TarReader:
         self.offset = offset
         return True
 
+    def _read_some(self, size: int) -> bytes:
+        try:
+            data: bytes = self._stream.read(size)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+            raise ShardFormatError(
+                f"{self.url}: broken gzip stream near uncompressed byte offset {self.offset} "
+                f"(after key {self.last_key!r}): {error}. Re-copy or rebuild the shard, or pass "
+                "on_error='skip'."
+            ) from error
+        return data
+
     def _read(self, size: int, what: str) -> bytes:
-        data = self._stream.read(size)
+        data = self._read_some(size) if size <= _CHUNK_BYTES else self._read_chunked(size)
         if len(data) != size:
             raise ShardFormatError(
                 f"{self.url}: truncated at byte offset {self.offset + len(data)} while reading "
@@ -122,59 +176,106 @@ class TarReader:
         self.offset += size
         return data
 
+    def _read_chunked(self, size: int) -> bytes:
+        parts, left = [], size
+        while left:
+            part = self._read_some(min(left, _CHUNK_BYTES))
+            parts.append(part)
+            left -= len(part)
+            if not part:
+                break
+        return b"".join(parts)
+
     def _skip(self, size: int, what: str) -> None:
         if size and self.seekable:
             self._stream.seek(size, 1)
             self.offset += size
-        elif size:
-            self._read(size, what)
+            return
+        while size:  # read and drop, a bounded chunk at a time
+            step = min(size, _CHUNK_BYTES)
+            self._read(step, what)
+            size -= step
+
+    def _check_size(self, size: int, kind: bytes, name: str | None, want_data: bool) -> None:
+        """Refuse a declared size that memory or the shard's known end cannot hold."""
+        what = f"member {name!r}" if name is not None else "a member"
+        header_offset = self.offset - BLOCK
+        if kind in (b"L", b"x", b"g") and size > MAX_EXTENDED_BYTES:
+            raise ShardFormatError(
+                f"{self.url}: extended header at byte offset {header_offset} declares {size} "
+                f"bytes, more than the {MAX_EXTENDED_BYTES} a real one needs; the shard is "
+                "corrupt."
+            )
+        if self._limit is not None and self.offset + size > self._limit:
+            ends = "the shard's index ends this range" if self.end is not None else "the shard ends"
+            raise ShardFormatError(
+                f"{self.url}: {what} at byte offset {header_offset} declares {size} bytes, but "
+                f"{ends} at byte {self._limit}; the header or index is corrupt, or the shard is "
+                "truncated. Re-copy or rebuild it, or pass on_error='skip'."
+            )
+        if want_data and kind in _FILE_TYPES and size > self.max_member_bytes:
+            raise ShardFormatError(
+                f"{self.url}: {what} at byte offset {header_offset} declares {size} bytes, more "
+                f"than max_member_bytes={self.max_member_bytes}. If the shard is genuine, raise "
+                "StreamOptions(max_member_bytes=...); otherwise it is corrupt."
+            )
+
+    def _next_header(self) -> bytes | None:
+        """The next 512-byte header block, or None at an end-of-archive (zero) block."""
+        header = self._read_some(BLOCK)
+        while header and len(header) < BLOCK:  # a stream may return a block in parts
+            part = self._read_some(BLOCK - len(header))
+            if not part:
+                break
+            header += part
+        if len(header) < BLOCK:
+            raise ShardFormatError(
+                f"{self.url}: ends at byte offset {self.offset + len(header)} without the tar "
+                f"end-of-archive blocks (after key {self.last_key!r}); the shard is truncated. "
+                "Re-copy or rebuild it, or pass on_error='skip'."
+            )
+        self.offset += BLOCK
+        return None if header == _ZERO else header
 
     def next_member(self, want_data: bool = True) -> tuple[str, bytes | None, int] | None:
         """Return ``(name, data, header_offset)`` of the next file member, or None at the end.
 
         ``data`` is None when ``want_data`` is False (the data is hopped over).
+
+        Raises:
+            ShardFormatError: A corrupt header, a size nothing can hold, truncation or a
+                broken gzip stream (the message names the shard and byte offset).
         """
         start, name, size_override = self.offset, None, None
         while True:
             if self.end is not None and self.offset >= self.end and name is None:
                 return None
-            header = self._stream.read(_BLOCK)
-            if not header:
-                raise ShardFormatError(
-                    f"{self.url}: ends at byte offset {self.offset} without the tar end-of-archive "
-                    f"blocks (after key {self.last_key!r}); the shard is truncated. Re-copy or "
-                    "rebuild it, or pass on_error='skip'."
-                )
-            if len(header) < _BLOCK:
-                self.offset += len(header)
-                self._read(_BLOCK - len(header), "a member header")
-            self.offset += _BLOCK
-            if header == _ZERO:
+            header = self._next_header()
+            if header is None:
                 return None
-            size, kind = _check_header(header, self.url, self.offset - _BLOCK)
-            padded = (size + _BLOCK - 1) // _BLOCK * _BLOCK
+            size, kind = check_header(header, self.url, self.offset - BLOCK)
             if kind in (b"L", b"x"):
-                extra = self._read(padded, "an extended header")[:size]
+                self._check_size(size, kind, name, want_data)
+                extra = self._read(padded(size), "an extended header")[:size]
                 if kind == b"L":
-                    name = extra.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                    name = extra.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 else:
-                    name, size_override = _parse_pax(extra, name, size_override)
+                    where = self.offset - padded(size) - BLOCK
+                    name, size_override = parse_pax(extra, self.url, where, name, size_override)
                 continue
-            if size_override is not None:
-                size = size_override
-                padded = (size + _BLOCK - 1) // _BLOCK * _BLOCK
-            if name is None:
-                name = _header_name(header)
-            if kind in _SKIP_TYPES or kind not in _FILE_TYPES:
-                self._skip(padded, f"member {name!r}")
+            size = size if size_override is None else size_override
+            name = header_name(header) if name is None else name
+            self._check_size(size, kind, name, want_data)
+            if kind not in _FILE_TYPES:  # links, directories, devices, global headers...
+                self._skip(padded(size), f"member {name!r}")
                 start, name, size_override = self.offset, None, None
                 continue
             if not want_data:
-                self._skip(padded, f"member {name!r}")
+                self._skip(padded(size), f"member {name!r}")
                 return name, None, start
             # Read exactly the member (no slice copy of the padded block), then hop the padding.
             data = self._read(size, f"member {name!r}")
-            self._skip(padded - size, f"member {name!r}")
+            self._skip(padded(size) - size, f"member {name!r}")
             return name, data, start
 
 
@@ -185,49 +286,21 @@ def _is_seekable(stream: Any) -> bool:
         return False
 
 
-def _check_header(header: bytes, url: str, offset: int) -> tuple[int, bytes]:
-    stored = header[148:156].split(b"\0", 1)[0].strip()
-    expected = sum(header) - sum(header[148:156]) + 8 * 32
+def stream_size(stream: Any) -> int | None:
+    """The byte size of a shard stream when it is known: remote size, file size, seekable end."""
+    size = getattr(stream, "size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
     try:
-        valid = stored != b"" and int(stored, 8) == expected
-    except ValueError:
-        valid = False
-    if not valid:
-        raise ShardFormatError(
-            f"{url}: no valid tar header at byte offset {offset} (bad checksum); expected a tar "
-            "(optionally gzipped) archive. The shard is corrupt or not a tar file."
-        )
-    raw_size = header[124:136]
-    if raw_size[0] & 0x80:  # GNU base-256 for sizes >= 8 GiB
-        size = int.from_bytes(raw_size[1:], "big")
-    else:
-        size = int(raw_size.split(b"\0", 1)[0].strip() or b"0", 8)
-    return size, header[156:157]
-
-
-def _header_name(header: bytes) -> str:
-    name = header[0:100].split(b"\0", 1)[0]
-    if header[257:262] == b"ustar":
-        prefix = header[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return name.decode("utf-8", "surrogateescape")
-
-
-def _parse_pax(data: bytes, name: str | None, size: int | None) -> tuple[str | None, int | None]:
-    position = 0
-    while position < len(data):
-        space = data.find(b" ", position)
-        if space < 0:
-            break
-        length = int(data[position:space])
-        key, _, value = data[space + 1 : position + length - 1].partition(b"=")
-        if key == b"path":
-            name = value.decode("utf-8", "surrogateescape")
-        elif key == b"size":
-            size = int(value)
-        position += length
-    return name, size
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        pass
+    if not _is_seekable(stream):
+        return None
+    position = stream.tell()
+    end = int(stream.seek(0, io.SEEK_END))
+    stream.seek(position)
+    return end
 
 
 def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sample, int]]:
@@ -260,6 +333,11 @@ def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sa
                 raise ShardFormatError(
                     f"{reader.url}: key {key!r} holds {extension!r} twice (byte offset {offset}); "
                     "each sample may have one member per extension"
+                )
+            if len(current) > MAX_MEMBERS_PER_SAMPLE:
+                raise ShardFormatError(
+                    f"{reader.url}: key {key!r} has more than {MAX_MEMBERS_PER_SAMPLE} members "
+                    f"(byte offset {offset}); a sample holds a handful. The shard is corrupt."
                 )
             current[extension] = data
             continue
