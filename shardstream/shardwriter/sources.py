@@ -3,7 +3,8 @@
 Scanning is deterministic without sorting one giant list: each directory is listed with
 ``os.scandir`` and its (small) list of entries sorted, then sub-folders are visited in sorted
 order. Classes are the sorted top-level sub-folders (the ImageFolder convention); a file nested
-deeper belongs to its top-level class.
+deeper belongs to its top-level class. Links to folders are followed; a cycle is caught by
+keeping the ``(st_dev, st_ino)`` of the folders on the current path only.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def scan_source(source: str | os.PathLike[str], on_error: str = "raise") -> Scan
     """
     path = os.fspath(source)
     if os.path.isdir(path):
-        return scan_image_folder(path)
+        return scan_image_folder(path, on_error)
     if os.path.isfile(path) and path.lower().endswith(LIST_SUFFIXES):
         kind = "csv" if path.lower().endswith(".csv") else "jsonl"
         table, class_names, skipped = read_list(path, kind, on_error)
@@ -71,71 +72,199 @@ def scan_source(source: str | os.PathLike[str], on_error: str = "raise") -> Scan
     )
 
 
-def scan_image_folder(root: str) -> ScannedSource:
+def scan_image_folder(root: str, on_error: str = "raise") -> ScannedSource:
     """Scan an ImageFolder tree: ``root/CLASS/[nested/]NAME.EXT``.
+
+    Symbolic links to folders are followed, class folders included, as torchvision's
+    ``ImageFolder`` does (``os.walk(followlinks=True)``). A link that leads back to a folder on
+    its own path from ``root`` would repeat forever and is refused with a :class:`SourceError`
+    naming the link and that folder; a link to any other folder (a sibling, say) is followed,
+    and files reached through two paths are two samples with distinct keys.
+
+    A broken link (its target is missing, or the OS reports a link loop) named like an image is
+    handled like an unreadable image: a :class:`SourceError` under ``on_error="raise"`` (where
+    torchvision would fail later, when loading it), or skipped with a warning and listed in
+    ``skipped`` under ``"skip"``. Any other broken link is ignored like any other non-image
+    file, with a warning (it may have been a folder of images, or a whole class).
+
+    Args:
+        root: The tree's root folder.
+        on_error: ``"raise"`` or ``"skip"``, for broken links named like images.
+
+    Raises:
+        SourceError: No class folders or images, a link cycle, an unusable key, or a broken
+            image link under ``on_error="raise"``.
+        DuplicateKeyError: Two files of one folder give the same key (``a.jpg`` and ``a.png``).
 
     Example:
         >>> source = scan_image_folder("data/train")  # doctest: +SKIP
         >>> len(source.table), source.class_names[:2]  # doctest: +SKIP
         (1281167, ('n01440764', 'n01443537'))
     """
-    class_names = _class_folders(root)
-    builder = FileTableBuilder(root)
-    ignored = [0]
-    for label, name in enumerate(class_names):
-        _scan_directory(root, name, label, builder, ignored)
-    if ignored[0]:
-        logger.info("%s: ignored %d files that are not images or are hidden", root, ignored[0])
-    if len(builder) == 0:
+    classes = _class_folders(root)
+    scan = _TreeScan(root, on_error)
+    for label, (name, status) in enumerate(classes):
+        scan.scan_folder(name, label, status)
+    if scan.num_ignored:
+        logger.info(
+            "%s: ignored %d files that are not images or are hidden", root, scan.num_ignored
+        )
+    if len(scan.builder) == 0:
         raise SourceError(
             f"{root}: no image files found under its class folders (expected "
             f"CLASS/NAME.EXT with EXT one of {sorted(codecs.IMAGE_EXTENSIONS)})."
         )
-    logger.info("%s: %d images in %d classes", root, len(builder), len(class_names))
-    return ScannedSource("imagefolder", builder.build(), tuple(class_names))
+    logger.info("%s: %d images in %d classes", root, len(scan.builder), len(classes))
+    class_names = tuple(name for name, _ in classes)
+    return ScannedSource("imagefolder", scan.builder.build(), class_names, tuple(scan.skipped))
 
 
-def _class_folders(root: str) -> list[str]:
-    names = []
+def _class_folders(root: str) -> list[tuple[str, os.stat_result]]:
+    """Sorted ``(name, stat)`` of the class folders (links to folders followed)."""
+    folders = []
     with os.scandir(root) as entries:
         for entry in entries:
-            if entry.is_dir() and not entry.name.startswith("."):
-                names.append(entry.name)
-    if not names:
+            if entry.name.startswith("."):
+                continue
+            if _is_broken_link(entry):
+                _warn_broken_link(entry.path, "not used as a class folder")
+            elif entry.is_dir():
+                folders.append((entry.name, _folder_status(entry)))
+    if not folders:
         raise SourceError(
             f"{root}: no class sub-folders. An ImageFolder source holds one sub-folder per "
             "class (e.g. root/cat/1.jpg, root/dog/2.jpg); for a flat list use a CSV/JSONL file."
         )
-    return sorted(names)
+    return sorted(folders, key=lambda folder: folder[0])
 
 
-def _scan_directory(
-    root: str, relative: str, label: int, builder: FileTableBuilder, ignored: list[int]
-) -> None:
-    with os.scandir(os.path.join(root, relative)) as iterator:
-        entries = sorted(iterator, key=lambda entry: entry.name)
-    stems: dict[str, str] = {}
-    folders = []
-    for entry in entries:
-        if entry.name.startswith("."):
-            ignored[0] += 1
-            continue
-        if entry.is_dir():
-            folders.append(entry.name)
-            continue
-        stem, _, extension = entry.name.rpartition(".")
-        if not stem or extension.lower() not in codecs.IMAGE_EXTENSIONS:
-            ignored[0] += 1
-            continue
+class _TreeScan:
+    """One ImageFolder scan: the table being built, what was left out, the folders entered."""
+
+    def __init__(self, root: str, on_error: str) -> None:
+        self.root = root
+        self.on_error = on_error
+        self.builder = FileTableBuilder(root)
+        self.num_ignored = 0
+        self.skipped: list[SkippedSample] = []
+        #: ``(st_dev, st_ino)`` -> relative path of each folder from the root to the current
+        #: one: entering any of them again would loop. Only ancestors are kept, not every
+        #: folder seen, so memory grows with the tree's depth, not its size.
+        self.ancestors: dict[tuple[int, int], str] = {_identity(os.stat(root)): ""}
+
+    def scan_folder(self, relative: str, label: int, status: os.stat_result) -> None:
+        """Add the images of ``root/relative`` and, in sorted order, of its sub-folders."""
+        identity = _identity(status)
+        if identity in self.ancestors:
+            raise self._cycle_error(relative, self.ancestors[identity])
+        self.ancestors[identity] = relative
+        try:
+            for name, folder_status in self._scan_files(relative, label):
+                self.scan_folder(f"{relative}/{name}", label, folder_status)
+        finally:
+            del self.ancestors[identity]
+
+    def _scan_files(self, relative: str, label: int) -> list[tuple[str, os.stat_result]]:
+        """Add one folder's images; return its sub-folders, sorted."""
+        with os.scandir(os.path.join(self.root, relative)) as iterator:
+            entries = sorted(iterator, key=lambda entry: entry.name)
+        stems: dict[str, str] = {}
+        folders = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                self.num_ignored += 1
+            elif _is_broken_link(entry):
+                self._handle_broken_link(entry)
+            elif entry.is_dir():
+                folders.append((entry.name, _folder_status(entry)))
+            elif (stem := _image_stem(entry.name)) is None:
+                self.num_ignored += 1
+            else:
+                self._add_file(relative, entry, stem, stems, label)
+        return folders
+
+    def _add_file(
+        self, relative: str, entry: os.DirEntry[str], stem: str, stems: dict[str, str], label: int
+    ) -> None:
         path = f"{relative}/{entry.name}"
-        check_key_stem(stem, os.path.join(root, path))
+        check_key_stem(stem, os.path.join(self.root, path))
         if stem in stems:
             raise DuplicateKeyError(
-                f"{os.path.join(root, relative)}: files {stems[stem]!r} and {entry.name!r} both "
-                f"give key {relative + '/' + stem!r}; a sample can hold one image per key. "
+                f"{os.path.join(self.root, relative)}: files {stems[stem]!r} and {entry.name!r} "
+                f"both give key {relative + '/' + stem!r}; a sample can hold one image per key. "
                 "Rename or remove one of them."
             )
         stems[stem] = entry.name
-        builder.add(path, label, entry.stat().st_size)
-    for folder in folders:
-        _scan_directory(root, f"{relative}/{folder}", label, builder, ignored)
+        self.builder.add(path, label, entry.stat().st_size)
+
+    def _handle_broken_link(self, entry: os.DirEntry[str]) -> None:
+        if _image_stem(entry.name) is None:
+            self.num_ignored += 1
+            _warn_broken_link(entry.path, "ignored")
+            return
+        error = SourceError(
+            f"{entry.path}: broken symbolic link ({_link_problem(entry.path)}); restore its "
+            "target, remove the link, or pass on_error='skip' (--on-error skip) to leave it out."
+        )
+        if self.on_error != "skip":
+            raise error
+        logger.warning("skipping %s", error)
+        self.skipped.append(SkippedSample(entry.path, str(error)))
+
+    def _cycle_error(self, relative: str, ancestor: str) -> SourceError:
+        path = os.path.join(self.root, relative)
+        looped = os.path.join(self.root, ancestor) if ancestor else self.root
+        if os.path.islink(path):
+            how = f"symbolic link to {os.readlink(path)!r} that leads back to {looped}"
+        else:
+            how = f"the same folder as {looped}, reached again through a symbolic link above it"
+        return SourceError(
+            f"{path}: {how}, a folder on its own path from the source root, so following it "
+            "would repeat that folder forever. Remove the link or point it outside its own "
+            "parent folders."
+        )
+
+
+def _identity(status: os.stat_result) -> tuple[int, int]:
+    return status.st_dev, status.st_ino
+
+
+def _folder_status(entry: os.DirEntry[str]) -> os.stat_result:
+    # os.stat, not entry.stat(): on Windows the latter leaves st_dev and st_ino at zero.
+    return os.stat(entry.path)
+
+
+def _image_stem(name: str) -> str | None:
+    """The key stem of an image file name, or ``None`` for a name that is not an image."""
+    stem, _, extension = name.rpartition(".")
+    if not stem or extension.lower() not in codecs.IMAGE_EXTENSIONS:
+        return None
+    return stem
+
+
+def _is_broken_link(entry: os.DirEntry[str]) -> bool:
+    """True for a link whose target is missing or cannot be resolved (a link loop)."""
+    if not entry.is_symlink():
+        return False
+    try:
+        entry.stat()  # follows the link; cached for later is_dir() and stat() calls
+    except OSError:
+        return True
+    return False
+
+
+def _link_problem(path: str) -> str:
+    """``"to 'x': No such file or directory"``, for messages about a broken link."""
+    try:
+        target = os.readlink(path)
+    except OSError as error:
+        return str(error.strerror)
+    try:
+        os.stat(path)
+    except OSError as error:
+        return f"to {target!r}: {error.strerror}"
+    return f"to {target!r}"
+
+
+def _warn_broken_link(path: str, what: str) -> None:
+    logger.warning("%s: broken symbolic link (%s), %s", path, _link_problem(path), what)

@@ -10,7 +10,9 @@ Layout while a build runs::
 When every chunk is done, parts (and their indexes) are renamed in plan order to
 ``DEST/shard-000000.tar`` (``.idx``)..., the manifest is written last, and the state folder is
 removed. Temporary names never match ``shard-*``, and a part counts only when its chunk record
-exists, its size matches and its index exists.
+exists, its size matches and its index exists. A re-run also removes what a build killed in its
+last steps leaves behind: a temporary of ``manifest.json`` in DEST, and the state folder once
+the manifest is there.
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def prepare_destination(
         manifest = _read_existing(dest, storage_options)
         if manifest is not None and _comparable(dict(manifest.settings)) == _comparable(settings):
             logger.info("%s: already built with these settings; nothing to do", dest)
+            # A build killed between its manifest and the state's removal left the state.
+            _remove_temporaries(dest, names, storage_options)
+            remove_state(state_url, storage_options)
             return manifest
         if not overwrite:
             raise DatasetExistsError(
@@ -94,6 +99,8 @@ def prepare_destination(
     if overwrite:
         _clear(dest, names, state_url, storage_options)
         plan = None
+    else:
+        _remove_temporaries(dest, names, storage_options)
     if plan is None:
         _fs.makedirs(state_url, storage_options)
         with _fs.open_atomic_write(_fs.join(state_url, PLAN_NAME), storage_options) as stream:
@@ -162,6 +169,13 @@ def _clear(
         if _is_ours(name) or ".tmp-" in name:
             _fs.remove(_fs.join(dest, name), storage_options)
     remove_state(state_url, storage_options)
+
+
+def _remove_temporaries(dest: str, names: list[str], storage_options: _fs.StorageOptions) -> None:
+    """Delete the temporaries of a killed build's unfinished atomic writes (its manifest)."""
+    for name in names:
+        if ".tmp-" in name:
+            _fs.remove(_fs.join(dest, name), storage_options)
 
 
 def load_chunk_records(
