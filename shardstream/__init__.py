@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from shardstream._fs import ReadOptions
 from shardstream.errors import (
     ChecksumMismatchError,
     ConfigError,
@@ -31,10 +30,11 @@ from shardstream.errors import (
     StorageError,
 )
 from shardstream.manifest import Manifest, ShardInfo, read_manifest
+from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:
     from shardstream.shardwriter import BuildOptions, build_shards
-    from shardstream.streaming import StreamingDataset, StreamOptions
+    from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 
 __version__ = "0.1.0"
 
@@ -54,7 +54,9 @@ __all__ = [
     "ShardstreamError",
     "SourceError",
     "StorageError",
+    "Store",
     "StreamOptions",
+    "StreamingDataLoader",
     "StreamingDataset",
     "__version__",
     "build_shards",
@@ -65,6 +67,7 @@ _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
     "StreamOptions": "shardstream.streaming",
+    "StreamingDataLoader": "shardstream.streaming",
     "StreamingDataset": "shardstream.streaming",
 }
 

@@ -3,8 +3,8 @@
 Each subcommand is one ``_add_*`` function registering its parser and a handler returning the
 exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
 ``--storage-option KEY=VALUE`` (repeatable) for remote URLs; what the command line prints
-(summaries, errors, log lines) goes through :mod:`shardstream._redact`, so secrets passed that
-way, or in a URL, never appear in its output.
+(summaries, errors, log lines) goes through :mod:`shardstream.storage.redact`, so secrets passed
+that way, or in a URL, never appear in its output.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shardstream._redact import redact_text, redact_url, secret_values
 from shardstream.errors import ShardstreamError
+from shardstream.storage import Store, redact_text, redact_url, secret_values
 
 __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
@@ -209,7 +209,7 @@ def _add_inspect(subparsers: Any) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from shardstream.manifest import read_manifest
 
-    manifest = read_manifest(args.dest, _storage_options(args))
+    manifest = read_manifest(Store(args.dest, _storage_options(args)))
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
@@ -244,9 +244,9 @@ def _run_verify(args: argparse.Namespace) -> int:
     from shardstream.manifest import read_manifest
     from shardstream.shardwriter.verify import find_problems
 
-    storage_options = _storage_options(args)
-    manifest = read_manifest(args.dest, storage_options)
-    problems = find_problems(args.dest, manifest, storage_options)
+    store = Store(args.dest, _storage_options(args))
+    manifest = read_manifest(store)
+    problems = find_problems(store, manifest)
     for problem in problems:
         print(f"MISMATCH {problem}")
     if problems:

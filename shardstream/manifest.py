@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shardstream import _fs
 from shardstream.errors import ManifestError, ManifestNotFoundError
+from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = [
     "FORMAT_NAME",
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
+#: A manifest lists shards, not samples: 256 MiB would describe millions of shards.
+MAX_MANIFEST_BYTES = 256 * 2**20
 FORMAT_NAME = "shardstream-manifest"
 FORMAT_VERSION = 1
 
@@ -191,33 +194,43 @@ def _is_relative_name(name: Any) -> bool:
     return not name.startswith("/") and ".." not in name.split("/")
 
 
-def read_manifest(dataset_url: str, storage_options: _fs.StorageOptions = None) -> Manifest:
-    """Read ``manifest.json`` from a dataset folder or URL prefix.
+def read_manifest(
+    dataset: Store | str | os.PathLike[str], storage_options: StorageOptions = None
+) -> Manifest:
+    """Read ``manifest.json`` from a dataset folder, URL prefix or :class:`Store`.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).
-        ManifestError: The manifest is malformed or of an unsupported version.
+        ManifestError: The manifest is malformed, of an unsupported version, or implausibly large.
 
     Example:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
-    url = _fs.join(dataset_url, MANIFEST_NAME)
+    store = as_store(dataset, storage_options)
     try:
-        text = _fs.read_bytes(url, storage_options)
+        with store.open_read(MANIFEST_NAME) as stream:
+            text = stream.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as error:
         raise ManifestNotFoundError(
-            f"{url}: no manifest. A shardstream dataset is complete only once its manifest is "
-            "written last; run `shardstream build` again with the same arguments to finish an "
-            "interrupted build, or pass shard URLs (a brace pattern) to read shards without one."
+            f"{store.shown(MANIFEST_NAME)}: no manifest. A shardstream dataset is complete only "
+            "once its manifest is written last; run `shardstream build` again with the same "
+            "arguments to finish an interrupted build, or pass shard URLs (a brace pattern) to "
+            "read shards without one."
         ) from error
-    return Manifest.from_json(text, where=url)
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{store.shown(MANIFEST_NAME)}: larger than {MAX_MANIFEST_BYTES} bytes; not a manifest"
+        )
+    return Manifest.from_json(text, where=store.shown(MANIFEST_NAME))
 
 
 def write_manifest(
-    dataset_url: str, manifest: Manifest, storage_options: _fs.StorageOptions = None
+    dataset: Store | str | os.PathLike[str],
+    manifest: Manifest,
+    storage_options: StorageOptions = None,
 ) -> str:
-    """Atomically write ``manifest.json`` into a dataset folder and return its URL."""
-    url = _fs.join(dataset_url, MANIFEST_NAME)
-    with _fs.open_atomic_write(url, storage_options) as stream:
+    """Atomically write ``manifest.json`` into a dataset folder, URL or store; return its URL."""
+    store = as_store(dataset, storage_options)
+    with store.open_atomic_write(MANIFEST_NAME) as stream:
         stream.write(manifest.to_json().encode("utf-8"))
-    return url
+    return store.url(MANIFEST_NAME)

@@ -10,9 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import shardstream
-from shardstream import _fs
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
-from shardstream.manifest import Manifest, write_manifest
+from shardstream.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.shardwriter import state
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
@@ -20,6 +19,8 @@ from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
 from shardstream.shardwriter.sources import ScannedSource, scan_source
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask
+from shardstream.shardwriter.timminfo import write_timm_info
+from shardstream.storage import Store
 
 __all__ = ["ProgressCallback", "build_shards"]
 
@@ -72,16 +73,13 @@ def build_shards(
         (1281167, 257)
     """
     options = _resolve_options(options, overrides)
-    dest_url = os.fspath(dest)
-    storage = dict(storage_options) if storage_options else None
+    store = Store(dest, storage_options)
     if isinstance(source, (str, os.PathLike)):
         scanned = scan_source(source, options.on_error)
-        return _build_from_table(
-            scanned, os.fspath(source), dest_url, options, executor, storage, progress
-        )
+        return _build_from_table(scanned, os.fspath(source), store, options, executor, progress)
     if isinstance(source, (bytes, Mapping)):
         raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
-    return _build_from_iterable(source, dest_url, options, executor, storage, progress)
+    return _build_from_iterable(source, store, options, executor, progress)
 
 
 def _resolve_options(options: BuildOptions | None, overrides: dict[str, Any]) -> BuildOptions:
@@ -96,10 +94,9 @@ def _resolve_options(options: BuildOptions | None, overrides: dict[str, Any]) ->
 def _build_from_table(
     scanned: ScannedSource,
     source_path: str,
-    dest: str,
+    dest: Store,
     options: BuildOptions,
     executor: cf.Executor | None,
-    storage: dict | None,
     progress: ProgressCallback | None,
 ) -> Manifest:
     table = scanned.table
@@ -110,18 +107,19 @@ def _build_from_table(
         "source_fingerprint": table.fingerprint(),
         "source_items": len(table) + len(scanned.skipped),
     }
-    existing = state.prepare_destination(dest, settings, options.overwrite, storage)
+    existing = state.prepare_destination(dest, settings, options.overwrite)
     if existing is not None:
         return existing
-    state_url = _fs.join(dest, state.STATE_FOLDER)
+    state_store = dest.child(state.STATE_FOLDER)
     chunks = plan_chunks(table, options)
-    logger.info("%s: %d files planned into %d chunks", dest, len(table), len(chunks))
-    done = state.load_chunk_records(state_url, len(chunks), storage)
-    done = state.drop_incomplete(dest, state_url, done, len(chunks), storage)
+    shown = dest.shown()
+    logger.info("%s: %d files planned into %d chunks", shown, len(table), len(chunks))
+    done = state.load_chunk_records(state_store, len(chunks))
+    done = state.drop_incomplete(dest, state_store, done, len(chunks))
     if done:
-        logger.info("%s: resuming; %d of %d chunks already written", dest, len(done), len(chunks))
+        logger.info("%s: resuming; %d of %d chunks already written", shown, len(done), len(chunks))
     tasks = (
-        ChunkTask(index, state_url, options, storage, table=table.take(indices))
+        ChunkTask(index, state_store, options, table=table.take(indices))
         for index, indices in enumerate(chunks)
         if index not in done
     )
@@ -132,26 +130,26 @@ def _build_from_table(
     run_tasks(
         tasks, lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
     )
-    return _finish(dest, state_url, results, scanned.class_names, settings, scanned, storage)
+    return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
 
 
 def _build_from_iterable(
     samples: Iterable[Mapping[str, Any]],
-    dest: str,
+    dest: Store,
     options: BuildOptions,
     executor: cf.Executor | None,
-    storage: dict | None,
     progress: ProgressCallback | None,
 ) -> Manifest:
     settings = {**options.output_settings(), "shuffle": False, "source_kind": "iterable"}
-    if _fs.exists(_fs.join(dest, "manifest.json"), storage) and not options.overwrite:
+    if dest.exists(MANIFEST_NAME) and not options.overwrite:
         raise DatasetExistsError(
-            f"{dest}: already holds a dataset, and an iterable source cannot be compared with it "
-            "without consuming it. Choose another destination or pass overwrite=True."
+            f"{dest.shown()}: already holds a dataset, and an iterable source cannot be compared "
+            "with it without consuming it. Choose another destination or pass overwrite=True."
         )
-    state.prepare_destination(dest, settings, options.overwrite, storage)
-    state_url = _fs.join(dest, state.STATE_FOLDER)
-    done = state.load_chunk_records(state_url, 2**62, storage)
+    # An iterable cannot be compared with a finished dataset: overwrite always starts over.
+    state.prepare_destination(dest, settings, options.overwrite, reuse_finished=False)
+    state_store = dest.child(state.STATE_FOLDER)
+    done = state.load_chunk_records(state_store, 2**62)
     tracker = _Tracker(progress, None, None)
     results: dict[int, ChunkResult] = {}
 
@@ -161,41 +159,42 @@ def _build_from_iterable(
             if (
                 previous is not None
                 and previous.digest == digest
-                and _parts_exist(state_url, previous, storage)
+                and _parts_exist(state_store, previous)
             ):
                 results[index] = tracker.add(previous)
                 continue
-            yield ChunkTask(index, state_url, options, storage, samples=chunk, digest=digest)
+            yield ChunkTask(index, state_store, options, samples=chunk, digest=digest)
 
     run_tasks(
         tasks(), lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
     )
     if not results:
         raise SourceError("the iterable source yielded no samples")
-    return _finish(dest, state_url, results, None, settings, None, storage)
+    return _finish(dest, state_store, results, None, settings, None)
 
 
-def _parts_exist(state_url: str, result: ChunkResult, storage: dict | None) -> bool:
+def _parts_exist(state_store: Store, result: ChunkResult) -> bool:
     names = [n for part in result.shards for n in (part.name, part.index) if n is not None]
-    return all(_fs.exists(_fs.join(state_url, name), storage) for name in names)
+    return all(state_store.exists(name) for name in names)
 
 
 def _finish(
-    dest: str,
-    state_url: str,
+    dest: Store,
+    state_store: Store,
     results: dict[int, ChunkResult],
     class_names: tuple[str, ...] | None,
     settings: dict,
     scanned: ScannedSource | None,
-    storage: dict | None,
 ) -> Manifest:
     ordered = [results[index] for index in sorted(results)]
-    shards = state.finalize_shards(dest, state_url, ordered, storage)
+    shards = state.finalize_shards(dest, state_store, ordered)
     skipped = (scanned.skipped if scanned else ()) + tuple(
         item for result in ordered for item in result.skipped
     )
     if skipped:
-        logger.warning("%s: skipped %d unusable items (listed in the manifest)", dest, len(skipped))
+        logger.warning(
+            "%s: skipped %d unusable items (listed in the manifest)", dest.shown(), len(skipped)
+        )
     manifest = Manifest(
         shards=tuple(shards),
         class_names=class_names,
@@ -203,9 +202,11 @@ def _finish(
         skipped=skipped,
         created_by=f"shardstream {shardstream.__version__}",
     )
-    write_manifest(dest, manifest, storage)
-    state.remove_state(state_url, storage)
-    logger.info("%s: %d samples in %d shards", dest, manifest.num_samples, len(shards))
+    # timm's WebDataset reader needs _info.json; like the shards, it precedes the manifest.
+    write_timm_info(dest, manifest)
+    write_manifest(dest, manifest)
+    state.remove_state(state_store)
+    logger.info("%s: %d samples in %d shards", dest.shown(), manifest.num_samples, len(shards))
     return manifest
 
 

@@ -9,7 +9,8 @@ Layout while a build runs::
 
 When every chunk is done, parts (and their indexes) are renamed in plan order to
 ``DEST/shard-000000.tar`` (``.idx``)..., the manifest is written last, and the state folder is
-removed. Temporary names never match ``shard-*``, and a part counts only when its chunk record
+removed (timm's ``_info.json`` goes just before the manifest and counts as part of the
+dataset). Temporary names never match ``shard-*``, and a part counts only when its chunk record
 exists, its size matches and its index exists. A re-run also removes what a build killed in its
 last steps leaves behind: a temporary of ``manifest.json`` in DEST, and the state folder once
 the manifest is there.
@@ -21,11 +22,12 @@ import fnmatch
 import json
 import logging
 
-from shardstream import _fs
 from shardstream.errors import DatasetExistsError, ManifestError
 from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
 from shardstream.shardindex import index_name
 from shardstream.shardwriter.tasks import ChunkResult
+from shardstream.shardwriter.timminfo import TIMM_INFO_NAME
+from shardstream.storage import Store
 
 __all__ = [
     "STATE_FOLDER",
@@ -53,7 +55,7 @@ def shard_name(index: int) -> str:
 
 def _is_ours(name: str) -> bool:
     return (
-        name == MANIFEST_NAME
+        name in (MANIFEST_NAME, TIMM_INFO_NAME)
         or fnmatch.fnmatch(name, SHARD_PATTERN)
         or fnmatch.fnmatch(name, INDEX_PATTERN)
     )
@@ -64,53 +66,60 @@ def _comparable(settings: dict) -> dict:
 
 
 def prepare_destination(
-    dest: str, settings: dict, overwrite: bool, storage_options: _fs.StorageOptions = None
+    dest: Store, settings: dict, overwrite: bool, reuse_finished: bool = True
 ) -> Manifest | None:
     """Check DEST and start or resume a build; return the finished manifest if already built.
+
+    ``reuse_finished=False`` (sources that cannot be compared with a finished dataset, such as
+    iterables) never returns a finished manifest: with ``overwrite`` DEST is cleared.
 
     Raises:
         DatasetExistsError: DEST holds another dataset, another unfinished build, or unrelated
             files, and ``overwrite`` is false.
     """
-    state_url = _fs.join(dest, STATE_FOLDER)
-    names = _fs.list_names(dest, storage_options)
+    state = dest.child(STATE_FOLDER)
+    names = dest.list_names()
     if MANIFEST_NAME in names:
-        manifest = _read_existing(dest, storage_options)
-        if manifest is not None and _comparable(dict(manifest.settings)) == _comparable(settings):
-            logger.info("%s: already built with these settings; nothing to do", dest)
+        manifest = _read_existing(dest)
+        if (
+            manifest is not None
+            and reuse_finished
+            and _comparable(dict(manifest.settings)) == _comparable(settings)
+        ):
+            logger.info("%s: already built with these settings; nothing to do", dest.shown())
             # A build killed between its manifest and the state's removal left the state.
-            _remove_temporaries(dest, names, storage_options)
-            remove_state(state_url, storage_options)
+            _remove_temporaries(dest, names)
+            remove_state(state)
             return manifest
         if not overwrite:
             raise DatasetExistsError(
-                f"{dest}: already holds a dataset ({_describe(manifest)}) built with other "
+                f"{dest.shown()}: already holds a dataset ({_describe(manifest)}) built with other "
                 f"settings or another source (differences: {_differences(manifest, settings)}). "
                 "Choose another destination, or pass overwrite=True (--overwrite) to replace it."
             )
-    plan = _read_plan(state_url, storage_options)
+    plan = _read_plan(state)
     if plan is not None and _comparable(plan) != _comparable(settings) and not overwrite:
         raise DatasetExistsError(
-            f"{dest}: holds an unfinished build with other settings or another source "
+            f"{dest.shown()}: holds an unfinished build with other settings or another source "
             f"(differences: {_differences_plain(plan, settings)}). Re-run with the same "
             "arguments to finish it, or pass overwrite=True (--overwrite) to start over."
         )
-    _check_foreign_files(dest, names, resuming=plan is not None, overwrite=overwrite)
+    _check_foreign_files(dest.shown(), names, resuming=plan is not None, overwrite=overwrite)
     if overwrite:
-        _clear(dest, names, state_url, storage_options)
+        _clear(dest, names, state)
         plan = None
     else:
-        _remove_temporaries(dest, names, storage_options)
+        _remove_temporaries(dest, names)
     if plan is None:
-        _fs.makedirs(state_url, storage_options)
-        with _fs.open_atomic_write(_fs.join(state_url, PLAN_NAME), storage_options) as stream:
+        state.makedirs()
+        with state.open_atomic_write(PLAN_NAME) as stream:
             stream.write(json.dumps(settings, sort_keys=True).encode("utf-8"))
     return None
 
 
-def _read_existing(dest: str, storage_options: _fs.StorageOptions) -> Manifest | None:
+def _read_existing(dest: Store) -> Manifest | None:
     try:
-        return read_manifest(dest, storage_options)
+        return read_manifest(dest)
     except ManifestError:
         return None
 
@@ -134,10 +143,9 @@ def _differences_plain(found: dict, expected: dict) -> str:
     return ", ".join(f"{k}: found {found.get(k)!r}, asked {expected.get(k)!r}" for k in keys)
 
 
-def _read_plan(state_url: str, storage_options: _fs.StorageOptions) -> dict | None:
-    url = _fs.join(state_url, PLAN_NAME)
+def _read_plan(state: Store) -> dict | None:
     try:
-        return dict(json.loads(_fs.read_bytes(url, storage_options)))
+        return dict(json.loads(state.read_bytes(PLAN_NAME)))
     except (FileNotFoundError, ValueError):
         return None
 
@@ -162,51 +170,45 @@ def _check_foreign_files(dest: str, names: list[str], resuming: bool, overwrite:
         )
 
 
-def _clear(
-    dest: str, names: list[str], state_url: str, storage_options: _fs.StorageOptions
-) -> None:
+def _clear(dest: Store, names: list[str], state: Store) -> None:
     for name in names:
         if _is_ours(name) or ".tmp-" in name:
-            _fs.remove(_fs.join(dest, name), storage_options)
-    remove_state(state_url, storage_options)
+            dest.remove(name)
+    remove_state(state)
 
 
-def _remove_temporaries(dest: str, names: list[str], storage_options: _fs.StorageOptions) -> None:
+def _remove_temporaries(dest: Store, names: list[str]) -> None:
     """Delete the temporaries of a killed build's unfinished atomic writes (its manifest)."""
     for name in names:
         if ".tmp-" in name:
-            _fs.remove(_fs.join(dest, name), storage_options)
+            dest.remove(name)
 
 
-def load_chunk_records(
-    state_url: str, num_chunks: int, storage_options: _fs.StorageOptions = None
-) -> dict[int, ChunkResult]:
+def load_chunk_records(state: Store, num_chunks: int) -> dict[int, ChunkResult]:
     """Chunk records of a resumed build whose parts are all present; removes stale temps."""
     records: dict[int, ChunkResult] = {}
-    names = set(_fs.list_names(state_url, storage_options))
-    for name in sorted(names):
+    for name in state.list_names():
         if ".tmp-" in name:
-            _fs.remove(_fs.join(state_url, name), storage_options)
+            state.remove(name)
         elif name.startswith("chunk-") and name.endswith(".json"):
-            text = _fs.read_bytes(_fs.join(state_url, name), storage_options)
+            text = state.read_bytes(name)
             record = ChunkResult.from_json(text)
             if record.index < num_chunks:
                 records[record.index] = record
     return records
 
 
-def _part_present(
-    dest: str, state_url: str, part: ShardInfo, final: str, storage_options: _fs.StorageOptions
-) -> bool:
-    if part.index is not None and not any(
-        _fs.exists(url, storage_options)
-        for url in (_fs.join(state_url, part.index), _fs.join(dest, index_name(final)))
+def _part_present(dest: Store, state: Store, part: ShardInfo, final: str) -> bool:
+    """The part exists with its recorded size (still in the state, or renamed to ``final``)."""
+    if part.index is not None and not (
+        state.exists(part.index) or dest.exists(index_name(final))
     ):
         return False
-    for url in (_fs.join(state_url, part.name), _fs.join(dest, final)):
-        if _fs.exists(url, storage_options) and _fs.size(url, storage_options) == part.num_bytes:
-            return True
-    return False
+    return _has_size(state, part.name, part.num_bytes) or _has_size(dest, final, part.num_bytes)
+
+
+def _has_size(store: Store, name: str, num_bytes: int) -> bool:
+    return store.exists(name) and store.size(name) == num_bytes
 
 
 def final_names(results: list[ChunkResult]) -> list[tuple[ShardInfo, str]]:
@@ -216,11 +218,7 @@ def final_names(results: list[ChunkResult]) -> list[tuple[ShardInfo, str]]:
 
 
 def drop_incomplete(
-    dest: str,
-    state_url: str,
-    records: dict[int, ChunkResult],
-    num_chunks: int,
-    storage_options: _fs.StorageOptions = None,
+    dest: Store, state: Store, records: dict[int, ChunkResult], num_chunks: int
 ) -> dict[int, ChunkResult]:
     """Keep only records whose parts all exist with the recorded size (in state or renamed)."""
     if len(records) == num_chunks:
@@ -230,43 +228,42 @@ def drop_incomplete(
             for index, result in records.items()
             for part, final in names
             if part in result.shards
-            and not _part_present(dest, state_url, part, final, storage_options)
+            and not _part_present(dest, state, part, final)
         }
         return {i: r for i, r in records.items() if i not in bad}
     return {
         index: result
         for index, result in records.items()
-        if all(_part_in_state(state_url, part, storage_options) for part in result.shards)
+        if all(_part_in_state(state, part) for part in result.shards)
     }
 
 
-def _part_in_state(state_url: str, part: ShardInfo, storage_options: _fs.StorageOptions) -> bool:
-    url = _fs.join(state_url, part.name)
-    if not (_fs.exists(url, storage_options) and _fs.size(url, storage_options) == part.num_bytes):
+def _part_in_state(state: Store, part: ShardInfo) -> bool:
+    if not _has_size(state, part.name, part.num_bytes):
         return False
-    return part.index is None or _fs.exists(_fs.join(state_url, part.index), storage_options)
+    return part.index is None or state.exists(part.index)
 
 
-def finalize_shards(
-    dest: str, state_url: str, results: list[ChunkResult], storage_options: _fs.StorageOptions
-) -> list[ShardInfo]:
+def finalize_shards(dest: Store, state: Store, results: list[ChunkResult]) -> list[ShardInfo]:
     """Rename every part to its final shard name in plan order; return the final ShardInfos."""
     shards = []
     for part, final in final_names(results):
-        source = _fs.join(state_url, part.name)
-        if _fs.exists(source, storage_options):
-            # Server-side on object stores: a rename locally, CopyObject + delete on S3.
-            _fs.move(source, _fs.join(dest, final), storage_options)
+        # Server-side on object stores: a rename locally, CopyObject + delete on S3.
+        _move_if_present(state, part.name, dest, final)
         index = None
         if part.index is not None:
             index = index_name(final)
-            index_source = _fs.join(state_url, part.index)
-            if _fs.exists(index_source, storage_options):
-                _fs.move(index_source, _fs.join(dest, index), storage_options)
+            _move_if_present(state, part.index, dest, index)
         shards.append(ShardInfo(final, part.num_samples, part.num_bytes, part.sha256, index))
     return shards
 
 
-def remove_state(state_url: str, storage_options: _fs.StorageOptions = None) -> None:
+def _move_if_present(state: Store, name: str, dest: Store, final: str) -> None:
+    """Move a part out of the state folder (a resumed build may have moved it already)."""
+    if state.exists(name):
+        state.move(name, final, into=dest)
+
+
+def remove_state(state: Store) -> None:
     """Delete the build-state folder and everything in it (its prefix, on object stores)."""
-    _fs.remove_folder(state_url, storage_options)
+    state.remove_folder()

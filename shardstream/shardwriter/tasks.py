@@ -16,7 +16,6 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 
-from shardstream import _fs
 from shardstream.errors import SourceError
 from shardstream.manifest import ShardInfo, SkippedSample
 from shardstream.shardindex import encode_offsets, index_name
@@ -24,6 +23,7 @@ from shardstream.shardwriter.imageops import check_image, normalized_extension, 
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
 from shardstream.shardwriter.tarwriter import END_BYTES, TarShardWriter, member_size
+from shardstream.storage import Store
 
 __all__ = [
     "ChunkResult",
@@ -47,9 +47,8 @@ class ChunkTask:
     """One chunk to write: either table rows (file sources) or encoded samples (iterables)."""
 
     index: int
-    state_url: str
+    state: Store
     options: BuildOptions
-    storage_options: dict | None = None
     table: FileTable | None = None
     samples: tuple[Sample, ...] = ()
     digest: str = ""
@@ -108,8 +107,7 @@ def write_chunk(task: ChunkTask) -> ChunkResult:
     result = ChunkResult(
         task.index, shards, tuple(skipped), num_items, source_bytes[0], task.digest
     )
-    record_url = _fs.join(task.state_url, record_name(task.index))
-    with _fs.open_atomic_write(record_url, task.storage_options) as stream:
+    with task.state.open_atomic_write(record_name(task.index)) as stream:
         stream.write(result.to_json().encode("utf-8"))
     return result
 
@@ -208,9 +206,8 @@ class _ShardRoller:
 
     def _open_part(self) -> TarShardWriter:
         name = part_name(self._task.index, len(self._shards))
-        url = _fs.join(self._task.state_url, name)
         self._stack = contextlib.ExitStack()
-        stream = self._stack.enter_context(_fs.open_atomic_write(url, self._task.storage_options))
+        stream = self._stack.enter_context(self._task.state.open_atomic_write(name))
         self._writer = TarShardWriter(stream)
         self._count = 0
         return self._writer
@@ -222,8 +219,7 @@ class _ShardRoller:
         name = part_name(self._task.index, len(self._shards))
         # The index is written after its part, so a part counts as done only with its index.
         index = index_name(name)
-        index_url = _fs.join(self._task.state_url, index)
-        with _fs.open_atomic_write(index_url, self._task.storage_options) as stream:
+        with self._task.state.open_atomic_write(index) as stream:
             stream.write(encode_offsets(writer.sample_offsets))
         self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

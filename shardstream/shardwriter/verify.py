@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import tarfile
-from typing import IO, Any
+from typing import IO
 
-from shardstream import _fs
 from shardstream.errors import ChecksumMismatchError, ShardFormatError
 from shardstream.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.shardindex import decode_offsets
+from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = ["find_problems", "verify_dataset"]
 
@@ -33,7 +34,9 @@ class _HashingReader:
             pass
 
 
-def verify_dataset(dataset_url: str, storage_options: dict[str, Any] | None = None) -> Manifest:
+def verify_dataset(
+    dataset: Store | str | os.PathLike[str], storage_options: StorageOptions = None
+) -> Manifest:
     """Re-read every shard and compare it with the manifest; return the manifest when all match.
 
     Raises:
@@ -44,31 +47,30 @@ def verify_dataset(dataset_url: str, storage_options: dict[str, Any] | None = No
         >>> verify_dataset("shards/train").num_samples  # doctest: +SKIP
         1281167
     """
-    manifest = read_manifest(dataset_url, storage_options)
-    problems = find_problems(dataset_url, manifest, storage_options)
+    store = as_store(dataset, storage_options)
+    manifest = read_manifest(store)
+    problems = find_problems(store, manifest)
     if problems:
         raise ChecksumMismatchError(
-            f"{dataset_url}: {len(problems)} problem(s) found:\n  "
+            f"{store.shown()}: {len(problems)} problem(s) found:\n  "
             + "\n  ".join(problems)
             + "\nRebuild the dataset (shardstream build --overwrite) or restore the shards."
         )
     return manifest
 
 
-def find_problems(
-    dataset_url: str, manifest: Manifest, storage_options: dict[str, Any] | None = None
-) -> list[str]:
+def find_problems(dataset: Store, manifest: Manifest) -> list[str]:
     """Every mismatch between the shards and ``manifest``, one message each ([] when none)."""
     problems: list[str] = []
     for shard in manifest.shards:
-        problems.extend(check_shard(_fs.join(dataset_url, shard.name), shard, storage_options))
+        problems.extend(check_shard(dataset, shard))
     return problems
 
 
-def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | None) -> list[str]:
+def check_shard(dataset: Store, shard: ShardInfo) -> list[str]:
     """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
     try:
-        stream = _fs.open_read(url, storage_options)
+        stream = dataset.open_read(shard.name)
     except FileNotFoundError:
         return [f"{shard.name}: missing (expected {shard.num_bytes} bytes)"]
     offsets: list[int] = []
@@ -78,8 +80,7 @@ def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | No
         reader.drain()
     problems = list(layout_problems)
     if shard.index is not None and not layout_problems:
-        index_url = url[: len(url) - len(shard.name)] + shard.index
-        problems.extend(_check_index(index_url, shard, offsets, storage_options))
+        problems.extend(_check_index(dataset, shard, offsets))
     if reader.num_bytes != shard.num_bytes:
         problems.append(
             f"{shard.name}: size expected {shard.num_bytes} bytes, found {reader.num_bytes}"
@@ -93,12 +94,11 @@ def check_shard(url: str, shard: ShardInfo, storage_options: dict[str, Any] | No
     return problems
 
 
-def _check_index(
-    index_url: str, shard: ShardInfo, offsets: list[int], storage_options: dict[str, Any] | None
-) -> list[str]:
+def _check_index(dataset: Store, shard: ShardInfo, offsets: list[int]) -> list[str]:
     """Compare the shard's index with the sample offsets found while parsing the shard."""
+    index = shard.index or ""
     try:
-        stored = decode_offsets(_fs.read_bytes(index_url, storage_options), shard.index or "")
+        stored = decode_offsets(dataset.read_bytes(index), index)
     except FileNotFoundError:
         return [f"{shard.index}: index missing (the manifest names it for {shard.name})"]
     except ShardFormatError as error:

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch.utils.data
 
-from shardstream import _fs
 from shardstream.errors import ConfigError
+from shardstream.storage import ReadOptions
 from shardstream.streaming import batch as batching
 from shardstream.streaming.context import Context, current_context
-from shardstream.streaming.decode import min_side_of, split_sample
-from shardstream.streaming.fastcrop import crop_decoder_for
+from shardstream.streaming.decode import SampleConverter
 from shardstream.streaming.pipeline import WorkerJob, run_worker
 from shardstream.streaming.shardlist import Source, resolve_source
 from shardstream.streaming.split import (
@@ -23,10 +21,10 @@ from shardstream.streaming.split import (
     PlanOptions,
     batches_consumed_per_worker,
     next_worker,
+    plan_whole_shards,
     plan_worker,
     rank_batch_count,
     samples_per_rank,
-    shard_order,
     worker_batch_counts,
 )
 from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES
@@ -71,7 +69,7 @@ class StreamOptions:
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
     storage_options: Mapping[str, Any] | None = None
-    read_options: _fs.ReadOptions | None = None
+    read_options: ReadOptions | None = None
 
 
 class StreamingDataset(torch.utils.data.IterableDataset):
@@ -126,29 +124,22 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.options = options or StreamOptions()
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if self.options.output not in ("pair", "dict"):
-            raise ConfigError(f"output must be 'pair' or 'dict', got {self.options.output!r}")
         self.plan = PlanOptions(
             seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
         )
-        self.shards, self.manifest = resolve_source(source, self.options.storage_options)
-        self.decode, self.transform, self.batch_size = decode, transform, batch_size
+        self.store, self.shards, self.manifest = resolve_source(
+            source, self.options.storage_options, self.options.read_options
+        )
+        self.convert = SampleConverter(
+            decode, transform, self.options.output, self.options.allow_pickle
+        )
+        self.batch_size = batch_size
         self.on_error = on_error
         self.epoch = 0
         self._resume: tuple[int, int] | None = None
         # DataLoader workers do not see torch.distributed: read rank and world size here, in the
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
-        self._min_side = min_side_of(transform) if transform is not None else None
-        # Fast path: RandomResizedCrop-first transforms decode only the resolution they keep.
-        self._crop_decoder = (
-            crop_decoder_for(transform, decode) if isinstance(decode, str) else None
-        )
-
-    @property
-    def has_counts(self) -> bool:
-        """True when sample counts are known (the source had a manifest)."""
-        return self.manifest is not None
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (shard order and shuffles); call before iterating each epoch."""
@@ -195,15 +186,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         resume = self._resume if self._resume and self._resume[0] == self.epoch else None
         consumed = resume[1] if resume else 0
         job = self._job(context, consumed)
-        opener = functools.partial(
-            _fs.open_read,
-            storage_options=self.options.storage_options,
-            read_options=self.options.read_options,
-        )
         collate = (
             batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
         )
-        return run_worker(job, opener, self._convert, self.batch_size, collate)
+        return run_worker(job, self.convert, self.batch_size, collate)
 
     def _job(self, context: Context, consumed_batches: int) -> WorkerJob:
         worker_count = context.num_workers
@@ -225,6 +211,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             pieces = self._whole_shards(context)
         taken = batches_consumed_per_worker(batch_counts, consumed_batches)[context.worker]
         return WorkerJob(
+            store=self.store,
             shards=self.shards,
             pieces=tuple(pieces),
             seed=(self.plan.seed, self.epoch, context.rank, context.worker),
@@ -242,25 +229,20 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return worker_batch_counts(self.samples_per_rank(context), context.num_workers, self.plan)
 
     def _whole_shards(self, context: Context) -> list[Piece]:
-        slots = context.world_size * context.num_workers
-        slot = context.rank * context.num_workers + context.worker
-        if len(self.shards) < slots:
+        if len(self.shards) < context.world_size * context.num_workers:
             logger.warning(
-                "%d shards for %d ranks x workers and no manifest: some workers get no data and "
-                "ranks may see different sample counts",
+                "%d shards for %d ranks x %d workers and no manifest: some workers get no data "
+                "and ranks may see different sample counts",
                 len(self.shards),
-                slots,
+                context.world_size,
+                context.num_workers,
             )
-        order = shard_order(len(self.shards), self.plan.seed, self.epoch, self.plan.shuffle)
-        return [Piece(shard, 0, -1) for shard in order[slot::slots]]
-
-    def _convert(self, sample: dict[str, Any]) -> Any:
-        decode = self._crop_decoder or self.decode  # the crop decoder also transforms
-        image, label, fields = split_sample(
-            sample, decode, self._min_side, self.options.allow_pickle
+        return plan_whole_shards(
+            len(self.shards),
+            self.epoch,
+            context.rank,
+            context.world_size,
+            context.worker,
+            context.num_workers,
+            self.plan,
         )
-        if self.transform is not None and image is not None and self._crop_decoder is None:
-            image = self.transform(image)
-        if self.options.output == "pair":
-            return image, label
-        return {**fields, "image": image, "label": label}

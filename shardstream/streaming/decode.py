@@ -21,8 +21,9 @@ import numpy as np
 
 from shardstream import codecs
 from shardstream.errors import ConfigError, DecodeError
+from shardstream.streaming.fastcrop import crop_decoder_for
 
-__all__ = ["DECODE_MODES", "decode_image", "min_side_of", "split_sample"]
+__all__ = ["DECODE_MODES", "SampleConverter", "decode_image", "min_side_of", "split_sample"]
 
 DECODE_MODES = ("raw", "pil", "rgb8")
 ImageDecoder = Callable[[bytes, str], Any]
@@ -118,3 +119,52 @@ def _decode_one(
             f"{where}: image member {extension!r} ({len(data)} bytes) does not decode: {error}. "
             "Rebuild the shard, or pass on_error='skip' to skip and count such samples."
         ) from error
+
+
+class SampleConverter:
+    """Turns a raw sample into what the dataset yields: ``(image, label)`` or a dict.
+
+    The decode/transform policy lives here: a torchvision v2 ``Compose`` that starts with
+    ``RandomResizedCrop`` takes the fast crop decoder (see
+    :mod:`shardstream.streaming.fastcrop`), which also applies the transform; otherwise the
+    image is decoded (at reduced JPEG scale when the transform shrinks it anyway) and then
+    transformed.
+
+    Args:
+        decode: ``"raw"``, ``"pil"``, ``"rgb8"`` or a callable ``f(bytes, extension)``.
+        transform: Applied to each decoded image, or None.
+        output: ``"pair"`` or ``"dict"``.
+        allow_pickle: Unpickle ``.pyd``/``.pth`` members.
+
+    Example:
+        >>> convert = SampleConverter("raw")
+        >>> convert({"__key__": "k", "jpg": b"...", "cls": b"3"})
+        (b'...', 3)
+    """
+
+    def __init__(
+        self,
+        decode: str | ImageDecoder,
+        transform: Callable[[Any], Any] | None = None,
+        output: str = "pair",
+        allow_pickle: bool = False,
+    ) -> None:
+        if output not in ("pair", "dict"):
+            raise ConfigError(f"output must be 'pair' or 'dict', got {output!r}")
+        self.decode, self.transform = decode, transform
+        self.output, self.allow_pickle = output, allow_pickle
+        self._min_side = min_side_of(transform) if transform is not None else None
+        # Fast path: RandomResizedCrop-first transforms decode only the resolution they keep.
+        self._crop_decoder = (
+            crop_decoder_for(transform, decode) if isinstance(decode, str) else None
+        )
+
+    def __call__(self, sample: dict[str, Any]) -> Any:
+        decode = self._crop_decoder or self.decode  # the crop decoder also transforms
+        image, label, fields = split_sample(sample, decode, self._min_side, self.allow_pickle)
+        if self.transform is not None and image is not None and self._crop_decoder is None:
+            image = self.transform(image)
+        if self.output == "pair":
+            return image, label
+        return {**fields, "image": image, "label": label}
+

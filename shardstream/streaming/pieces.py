@@ -16,12 +16,12 @@ import array
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO
 
-from shardstream import _fs
 from shardstream.errors import ShardFormatError
 from shardstream.shardindex import decode_offsets
+from shardstream.storage import Store, is_local_url
 from shardstream.streaming.tario import (
     DEFAULT_MAX_MEMBER_BYTES,
     Sample,
@@ -37,10 +37,6 @@ logger = logging.getLogger("shardstream.streaming")
 #: An index of 16M samples; real shards hold thousands.
 _MAX_INDEX_BYTES = 128 << 20
 
-#: ``opener(url)`` reads from byte 0; ``opener(url, start, end)`` reads bytes ``[start, end)``.
-Opener = Callable[..., IO[bytes]]
-#: Opens a byte range for a ``with`` block: a file, or a context manager lending one.
-PieceOpener = Callable[..., contextlib.AbstractContextManager[IO[bytes]]]
 
 
 class IndexCache:
@@ -50,51 +46,50 @@ class IndexCache:
     of that shard are then read by walking the shard, as for shards without an index.
 
     Args:
-        opener: Opens a URL for binary reading (not a :class:`HandlePool`).
+        store: Where the indexes are.
         max_shards: Indexes kept; memory is 8 bytes per sample of each.
 
     Example:
-        >>> cache = IndexCache(open)  # doctest: +SKIP
+        >>> cache = IndexCache(Store("shards/train"))  # doctest: +SKIP
         >>> offsets = cache.get("shard-000000.idx")  # doctest: +SKIP
     """
 
-    def __init__(self, opener: Opener, max_shards: int = 256) -> None:
-        self._opener = opener
+    def __init__(self, store: Store, max_shards: int = 256) -> None:
+        self._store = store
         self._max_shards = max_shards
         self._indexes: collections.OrderedDict[str, array.array[int] | None] = (
             collections.OrderedDict()
         )
 
     def get(
-        self, index_url: str, num_samples: int | None = None, num_bytes: int | None = None
+        self, name: str, num_samples: int | None = None, num_bytes: int | None = None
     ) -> array.array[int] | None:
-        """The offsets in ``index_url`` (samples then end), or None when it cannot be used.
+        """The offsets in index ``name`` (samples then end), or None when it cannot be used.
 
         ``num_samples`` and ``num_bytes`` (the manifest's) are checked against the index, so an
         index of another build is not used.
         """
-        if index_url in self._indexes:
-            self._indexes.move_to_end(index_url)
-            return self._indexes[index_url]
-        offsets = self._load(index_url, num_samples, num_bytes)
-        self._indexes[index_url] = offsets
+        if name in self._indexes:
+            self._indexes.move_to_end(name)
+            return self._indexes[name]
+        offsets = self._load(name, num_samples, num_bytes)
+        self._indexes[name] = offsets
         while len(self._indexes) > self._max_shards:
             self._indexes.popitem(last=False)
         return offsets
 
     def _load(
-        self, index_url: str, num_samples: int | None, num_bytes: int | None
+        self, name: str, num_samples: int | None, num_bytes: int | None
     ) -> array.array[int] | None:
+        shown = self._store.shown(name)
         try:
-            with self._opener(index_url) as stream:
+            with self._store.open_read(name) as stream:
                 data = stream.read(_MAX_INDEX_BYTES + 1)
             if len(data) > _MAX_INDEX_BYTES:
-                raise ShardFormatError(f"larger than {_MAX_INDEX_BYTES} bytes")
-            return decode_offsets(data, index_url, num_samples, num_bytes)
+                raise ShardFormatError(f"{shown}: larger than {_MAX_INDEX_BYTES} bytes")
+            return decode_offsets(data, shown, num_samples, num_bytes)
         except (OSError, ShardFormatError) as error:  # StorageError is an OSError too
-            logger.warning(
-                "%s: not using this shard index, walking the shard (%s)", index_url, error
-            )
+            logger.warning("%s: not using this shard index, walking the shard (%s)", shown, error)
             return None
 
 
@@ -128,17 +123,17 @@ class HandlePool:
     file position. Call :meth:`close` when the epoch ends (the worker does, also on errors).
 
     Args:
-        opener: Opens a URL for binary reading.
+        store: Where the shards are; remote streams are opened per piece, never kept.
         max_idle: Idle handles kept open; each costs one file descriptor.
 
     Example:
-        >>> pool = HandlePool(open)  # doctest: +SKIP
+        >>> pool = HandlePool(Store("shards/train"))  # doctest: +SKIP
         >>> with pool.lend("shard-000000.tar") as stream: ...  # doctest: +SKIP
         >>> pool.close()  # doctest: +SKIP
     """
 
-    def __init__(self, opener: Opener, max_idle: int = 64) -> None:
-        self._opener = opener
+    def __init__(self, store: Store, max_idle: int = 64) -> None:
+        self.store = store
         self._max_idle = max_idle
         self._idle: collections.OrderedDict[int, tuple[str, IO[bytes]]] = collections.OrderedDict()
         self._closed = False
@@ -149,37 +144,37 @@ class HandlePool:
         return len(self._idle)
 
     @contextlib.contextmanager
-    def lend(self, url: str, start: int = 0, end: int | None = None) -> Iterator[IO[bytes]]:
-        """Yield a handle of ``url`` positioned at ``start``; give it back (or close it) after.
+    def lend(self, name: str, start: int = 0, end: int | None = None) -> Iterator[IO[bytes]]:
+        """Yield a handle of ``name`` positioned at ``start``; give it back (or close it) after.
 
         A remote handle reads only bytes ``[start, end)``; a local one is a plain file (the
         caller stops at ``end``), so it can be lent again for another range.
         """
-        local = _fs.is_local(url)
-        stream = self._take(url, start) if local else self._opener(url, start=start, end=end)
+        local = is_local_url(self.store.url(name))
+        stream = self._take(name, start) if local else self.store.open_read(name, start, end)
         reusable = False
         try:
             yield stream
             reusable = not self._closed and local
         finally:
             if reusable:
-                self._give_back(url, stream)
+                self._give_back(name, stream)
             else:
                 stream.close()
 
-    def _take(self, url: str, start: int) -> IO[bytes]:
-        for slot, (idle_url, stream) in reversed(self._idle.items()):
-            if idle_url == url:
+    def _take(self, name: str, start: int) -> IO[bytes]:
+        for slot, (idle_name, stream) in reversed(self._idle.items()):
+            if idle_name == name:
                 del self._idle[slot]
                 stream.seek(start)
                 return stream
-        stream = self._opener(url)
+        stream = self.store.open_read(name)
         if start:
             stream.seek(start)
         return stream
 
-    def _give_back(self, url: str, stream: IO[bytes]) -> None:
-        self._idle[id(stream)] = (url, stream)
+    def _give_back(self, name: str, stream: IO[bytes]) -> None:
+        self._idle[id(stream)] = (name, stream)
         while len(self._idle) > self._max_idle:
             _, (_, oldest) = self._idle.popitem(last=False)
             oldest.close()
@@ -217,33 +212,36 @@ def _position(reader: TarReader, offsets: list[int], start: int) -> int:
 
 
 def read_piece(
-    url: str,
+    pool: HandlePool,
+    name: str,
     start: int,
     stop: int | None,
-    opener: PieceOpener,
     index: OffsetIndex | None = None,
     sample_offsets: Sequence[int] | None = None,
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
 ) -> Iterator[Sample]:
-    """Yield samples ``start..stop-1`` of the shard at ``url`` (to the end when ``stop`` is None).
+    """Yield samples ``start..stop-1`` of shard ``name`` (to the end when ``stop`` is None).
 
-    ``opener`` may be :meth:`HandlePool.lend` to reuse open local files across pieces. With
+    Handles come from ``pool`` (open local files are reused across pieces). With
     ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
     read; without, the shard is walked from the last offset ``index`` knows. No member larger
-    than ``max_member_bytes`` is read into memory.
+    than ``max_member_bytes`` is read into memory. Samples carry the shard's URL (without
+    credentials) as ``__url__``, and errors name it.
 
     Raises:
         ShardFormatError: The shard is corrupt, truncated, has fewer than ``stop`` samples, or
             disagrees with its index.
 
     Example:
-        >>> samples = list(read_piece("shard-000000.tar", 0, 4, open))  # doctest: +SKIP
+        >>> pool = HandlePool(Store("shards/train"))  # doctest: +SKIP
+        >>> samples = list(read_piece(pool, "shard-000000.tar", 0, 4))  # doctest: +SKIP
     """
+    url = pool.store.shown(name)
     if sample_offsets is not None:
-        yield from _read_range(url, start, stop, opener, sample_offsets, max_member_bytes)
+        yield from _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes)
         return
-    offsets = index.get(url) if index is not None else []
-    with opener(url) as stream:
+    offsets = index.get(name) if index is not None else []
+    with pool.lend(name) as stream:
         reader = open_tar(stream, url, max_member_bytes)
         ordinal = _position(reader, offsets, start)
         for sample, offset in iter_samples(reader):
@@ -263,10 +261,11 @@ def read_piece(
 
 
 def _read_range(
+    pool: HandlePool,
+    name: str,
     url: str,
     start: int,
     stop: int | None,
-    opener: PieceOpener,
     offsets: Sequence[int],
     max_member_bytes: int,
 ) -> Iterator[Sample]:
@@ -284,7 +283,7 @@ def _read_range(
             "shard was changed after the build. Rebuild it or run `shardstream verify`."
         )
     begin, end = offsets[start], offsets[stop]
-    with opener(url, begin, end) as stream:
+    with pool.lend(name, begin, end) as stream:
         reader = TarReader(stream, url, True, begin, end, max_member_bytes=max_member_bytes)
         for ordinal in range(start, stop):
             reader.end = offsets[ordinal + 1]

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
+from shardstream.storage import Store
 from shardstream.streaming.interleave import Interleave
-from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, Opener, read_piece
+from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, read_piece
 from shardstream.streaming.shardlist import ShardSpec
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import Piece
@@ -31,6 +32,7 @@ class WorkerJob:
     """Everything one worker needs for one epoch (plain values, cheap to build).
 
     Attributes:
+        store: Where the shards are (reopened in each worker process).
         shards: The shards; ``Piece.shard`` indexes into it.
         pieces: Pieces to read; ``stop == -1`` means "to the end" (no manifest).
         seed: Seed sequence ``[seed, epoch, rank, worker]``.
@@ -42,6 +44,7 @@ class WorkerJob:
         max_member_bytes: Largest tar member read into memory.
     """
 
+    store: Store
     shards: tuple[ShardSpec, ...]
     pieces: tuple[Piece, ...]
     seed: tuple[int, ...]
@@ -59,7 +62,7 @@ class WorkerJob:
 
 
 def guard_piece(
-    samples: Iterator[Any], url: str, count: int | None, on_error: str, skipped: list[int]
+    samples: Iterator[Any], count: int | None, on_error: str, skipped: list[int]
 ) -> Iterator[Any]:
     """Pass samples through; with ``on_error="skip"`` turn a broken shard into counted gaps.
 
@@ -105,24 +108,20 @@ def _real_opener(
     def open_piece(number: int, start: int, stop: int) -> Iterator[Any]:
         piece = job.pieces[number]
         shard = job.shards[piece.shard]
-        url = shard.url
         end = None if stop < 0 else piece.start + stop
         offsets = None
-        if shard.index_url is not None and not is_gzip_name(url):
-            offsets = indexes.get(shard.index_url, shard.num_samples, shard.num_bytes)
+        if shard.index is not None and not is_gzip_name(shard.name):
+            offsets = indexes.get(shard.index, shard.num_samples, shard.num_bytes)
         samples = read_piece(
-            url, piece.start + start, end, pool.lend, index, offsets, job.max_member_bytes
+            pool, shard.name, piece.start + start, end, index, offsets, job.max_member_bytes
         )
-        return guard_piece(
-            samples, url, None if end is None else stop - start, job.on_error, skipped
-        )
+        return guard_piece(samples, None if end is None else stop - start, job.on_error, skipped)
 
     return open_piece
 
 
 def run_worker(
     job: WorkerJob,
-    opener: Opener,
     convert: Callable[[dict[str, Any]], Any],
     batch_size: int | None,
     collate: Callable[[Sequence[Any]], Any],
@@ -134,9 +133,9 @@ def run_worker(
     of batches.
     """
     skipped = [0]
-    pool = HandlePool(opener, max_idle=max(8, job.num_open))
+    pool = HandlePool(job.store, max_idle=max(8, job.num_open))
     try:
-        stages = build_stages(job, _real_opener(job, pool, IndexCache(opener), skipped))
+        stages = build_stages(job, _real_opener(job, pool, IndexCache(job.store), skipped))
         yield from _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
     finally:
         pool.close()

@@ -33,6 +33,7 @@ __all__ = [
     "PlanOptions",
     "batches_consumed_per_worker",
     "next_worker",
+    "plan_whole_shards",
     "plan_worker",
     "rank_batch_count",
     "samples_per_rank",
@@ -255,3 +256,27 @@ def plan_worker(
                     Piece(piece.shard, start, min(start + options.piece_size, piece.stop))
                 )
     return pieces
+
+
+def plan_whole_shards(
+    num_shards: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    options: PlanOptions,
+) -> list[Piece]:
+    """Whole shards of unknown length (no manifest) for one worker.
+
+    Slot ``k`` of the epoch's shard order goes to the ``k % (world_size * num_workers)``-th
+    (rank, worker) pair, counting workers within ranks.
+
+    Counts are unknown, so ranks may get different numbers of samples, and a worker may get
+    no shard at all when there are fewer shards than ranks x workers.
+    """
+    slots = world_size * num_workers
+    slot = rank * num_workers + worker
+    order = shard_order(num_shards, options.seed, epoch, options.shuffle)
+    return [Piece(shard, 0, -1) for shard in order[slot::slots]]
+

@@ -29,3 +29,47 @@ def test_errors_are_also_builtin_exceptions() -> None:
     assert issubclass(shardstream.StorageError, OSError)
     assert issubclass(shardstream.SourceError, ValueError)
     assert issubclass(shardstream.DatasetExistsError, FileExistsError)
+
+
+def test_only_the_storage_package_imports_fsspec_or_botocore() -> None:
+    import ast
+    import pathlib
+
+    package = pathlib.Path(shardstream.__file__).parent
+    offenders = []
+    for path in package.rglob("*.py"):
+        if path.parent.name == "storage":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in _STORAGE_LIBS]
+    assert offenders == []
+
+
+def test_storage_modules_form_no_import_cycle() -> None:
+    import ast
+    import pathlib
+
+    folder = pathlib.Path(shardstream.__file__).parent / "storage"
+    edges: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "shardstream.st"
+            ):
+                module = (node.module or "").rsplit(".", 1)[-1]
+                targets |= {module} if module != "storage" else {a.name for a in node.names}
+        edges[path.stem] = targets & {p.stem for p in folder.glob("*.py")} - {"__init__"}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, seen | {n})) for n in edges[start]
+        )
+
+    assert [module for module in edges if reaches(module, module, set())] == []
+
+
+_STORAGE_LIBS = {"fsspec", "s3fs", "botocore", "aiobotocore", "boto3"}

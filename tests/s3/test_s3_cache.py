@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from shardstream import _fs
 from shardstream.errors import StorageError
+from shardstream.storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 
@@ -30,14 +30,14 @@ def put(moto_fs: Any, *names: str) -> dict[str, bytes]:
     return blobs
 
 
-def cache_options(folder: pathlib.Path, max_bytes: int | None = None) -> _fs.ReadOptions:
-    return _fs.ReadOptions(
+def cache_options(folder: pathlib.Path, max_bytes: int | None = None) -> ReadOptions:
+    return ReadOptions(
         read_ahead_bytes=2**20, cache_dir=str(folder), cache_max_bytes=max_bytes, backoff_s=0.01
     )
 
 
-def read(name: str, options: dict[str, Any], read_options: _fs.ReadOptions) -> bytes:
-    with _fs.open_read(url(name), options, read_options) as stream:
+def read(name: str, options: dict[str, Any], read_options: ReadOptions) -> bytes:
+    with Store(url(name), options, read_options).open_read() as stream:
         return stream.read()
 
 
@@ -65,7 +65,7 @@ def test_pieces_of_a_shard_share_one_download(
     blobs = put(moto_fs, "a")
     options = cache_options(tmp_path / "cache")
     for start in (0, 200_000, 400_000):  # the reader opens a shard once per piece
-        with _fs.open_read(url("a"), proxy_options, options) as stream:
+        with Store(url("a"), proxy_options, options).open_read() as stream:
             stream.seek(start)
             assert stream.read(1000) == blobs["a"][start : start + 1000]
     assert fault_proxy.count("GET", "/cache/a.tar") == 1

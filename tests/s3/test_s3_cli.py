@@ -116,7 +116,8 @@ def test_killed_cli_build_resumes_on_s3(
     got, want = read_manifest(f"s3://{killed}", storage), read_manifest(f"s3://{clean}", storage)
     assert got.shards == want.shards and len(got.shards) == 12 and got.num_samples == 60
     names = [name for shard in got.shards for name in (shard.name, shard.index)]
-    assert keys_under(moto_fs, killed) == sorted(["manifest.json", *names])  # no stray, no state
+    expected = sorted(["_info.json", "manifest.json", *names])
+    assert keys_under(moto_fs, killed) == expected  # no stray, no state
     for name in names:
         assert moto_fs.cat_file(f"{killed}/{name}") == moto_fs.cat_file(f"{clean}/{name}")
     for output in (first_err, resumed.stdout, resumed.stderr, reference.stderr):

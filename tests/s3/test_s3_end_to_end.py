@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from shardstream import _fs
+from shardstream.storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, SECRET_KEY
 
 pytest.importorskip("torch")
 DEST = f"s3://{BUCKET}/datasets/train"
-FAST = _fs.ReadOptions(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=1.0)
+FAST = ReadOptions(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=1.0)
 
 
-def keys_and_labels(options: dict[str, Any], read_options: _fs.ReadOptions) -> list[Any]:
+def keys_and_labels(options: dict[str, Any], read_options: ReadOptions) -> list[Any]:
     from shardstream.streaming import StreamingDataset, StreamOptions
 
     dataset = StreamingDataset(
@@ -47,7 +47,7 @@ def test_build_to_s3_then_stream_with_faults_mid_shard(
     caplog.set_level(logging.INFO)
     images = make_image_folder(num_classes=3, per_class=10, size=(64, 48))
     manifest = build_shards(images, DEST, storage_options=storage_options, max_samples_per_shard=8)
-    names = _fs.list_names(DEST, storage_options)
+    names = Store(DEST, storage_options).list_names()
     assert "manifest.json" in names and len(manifest.shards) == 4
     assert SECRET_KEY not in moto_fs.cat_file(f"{DEST}/manifest.json").decode()
     expected = keys_and_labels(proxy_options, FAST)

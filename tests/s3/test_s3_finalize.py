@@ -10,8 +10,9 @@ from typing import Any
 import fsspec
 import pytest
 
-from shardstream import _fs, build_shards
+from shardstream import build_shards
 from shardstream.shardwriter.verify import verify_dataset
+from shardstream.storage import Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 
@@ -32,7 +33,7 @@ def test_finalize_copies_on_the_server_and_removes_the_state_prefix(
     moto_fs.invalidate_cache()
     names = sorted(p.rsplit("/", 1)[-1] for p in moto_fs.find(f"{BUCKET}/finalize/train"))
     assert names == sorted(
-        ["manifest.json", *(n for s in manifest.shards for n in (s.name, s.index))]
+        ["_info.json", "manifest.json", *(n for s in manifest.shards for n in (s.name, s.index))]
     )
     assert verify_dataset(dest, proxy_options) == manifest
 
@@ -51,7 +52,9 @@ def test_move_of_a_large_object_uses_a_multipart_copy(
     data = payload(3 * 2**20, seed=5)
     source, target = f"{BUCKET}/big/_state/part.tar", f"{BUCKET}/big/shard-000000.tar"
     moto_fs.pipe_file(source, data)
-    _fs.move(f"s3://{source}", f"s3://{target}", proxy_options)
+    Store(f"s3://{BUCKET}", proxy_options).move(
+        source.removeprefix(f"{BUCKET}/"), target.removeprefix(f"{BUCKET}/")
+    )
     assert fault_proxy.count("POST", "?uploads") == 1  # CreateMultipartUpload, then part copies
     assert fault_proxy.count("GET", "part.tar") == 0
     moto_fs.invalidate_cache()
@@ -68,7 +71,11 @@ def test_memory_build_leaves_no_state_folder(
         found = fsspec.filesystem("memory").ls(dest[9:], detail=False)
         listed = sorted(path.rsplit("/", 1)[-1] for path in found)
         assert listed == sorted(
-            ["manifest.json", *(n for s in manifest.shards for n in (s.name, s.index))]
+            [
+                "_info.json",
+                "manifest.json",
+                *(n for s in manifest.shards for n in (s.name, s.index)),
+            ]
         )
     finally:
-        _fs.remove_folder(dest)
+        Store(dest).remove_folder()

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shardstream import _fs
 from shardstream.errors import StorageError
+from shardstream.storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, SECRET_KEY, payload
 
@@ -19,7 +19,7 @@ URL = f"s3://{BUCKET}/data/shard-000000.tar"
 KEY = f"/{BUCKET}/data/shard-000000.tar"
 
 #: Fast retries and a short stall timeout, so fault tests take well under a second each.
-FAST = _fs.ReadOptions(
+FAST = ReadOptions(
     max_attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=1.0, read_ahead_bytes=2**20
 )
 
@@ -31,10 +31,10 @@ def data(moto_fs: Any) -> bytes:
     return blob
 
 
-def read_all(options: dict[str, Any], read_options: _fs.ReadOptions, piece: int = 10_000) -> bytes:
+def read_all(options: dict[str, Any], read_options: ReadOptions, piece: int = 10_000) -> bytes:
     """Read like tarfile does: many small reads."""
     parts = []
-    with _fs.open_read(URL, options, read_options) as stream:
+    with Store(URL, options, read_options).open_read() as stream:
         while chunk := stream.read(piece):
             parts.append(chunk)
         assert stream.tell() == sum(map(len, parts))
@@ -75,7 +75,7 @@ def test_faults_mid_object_give_identical_bytes(
 ) -> None:
     # The second GET (bytes 1 MiB to 3 MiB) breaks, so the fault lands in the middle of the object.
     rule = fault_proxy.add(method="GET", path_contains=KEY, nth=2, **fault)
-    options = _fs.ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
+    options = ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
     started = time.monotonic()
     assert read_all(proxy_options, options) == data
     assert rule.hits == 1, "the fault was injected"
@@ -92,7 +92,7 @@ def test_attempt_budget_restarts_after_progress(
         method="GET", path_contains=KEY, action="stall", after_bytes=600_000, stall_s=2.0,
         times=0,
     )  # fmt: skip
-    options = _fs.ReadOptions(**{**vars(FAST), "max_attempts": 2, "timeout_s": 0.3})
+    options = ReadOptions(**{**vars(FAST), "max_attempts": 2, "timeout_s": 0.3})
     assert read_all(proxy_options, options, piece=65_536) == data
     assert rule.hits >= 4
 
@@ -121,7 +121,7 @@ def test_missing_object_fails_fast_without_retries(
 ) -> None:
     started = time.monotonic()
     with pytest.raises(FileNotFoundError) as caught:
-        _fs.open_read(f"s3://{BUCKET}/nope.tar", proxy_options, FAST)
+        Store(f"s3://{BUCKET}/nope.tar", proxy_options, FAST).open_read()
     assert f"s3://{BUCKET}/nope.tar" in str(caught.value)
     assert fault_proxy.count("GET", "/nope.tar") == 1
     assert time.monotonic() - started < 2.0
@@ -137,14 +137,14 @@ def test_secret_in_storage_options_never_leaks(
     fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=1000)
     assert read_all(proxy_options, FAST) == data
     with pytest.raises(FileNotFoundError) as caught:
-        _fs.open_read(f"s3://{BUCKET}/missing.tar", proxy_options, FAST)
+        Store(f"s3://{BUCKET}/missing.tar", proxy_options, FAST).open_read()
     assert SECRET_KEY not in str(caught.value) and SECRET_KEY not in repr(caught.value)
     assert "retrying" in caplog.text
     assert SECRET_KEY not in caplog.text
 
 
 def test_secrets_in_urls_are_redacted_from_messages() -> None:
-    from shardstream._redact import redact_options, redact_text
+    from shardstream.storage import redact_options, redact_text
 
     url = f"https://user:{SECRET_KEY}@host/b/k?X-Amz-Signature={SECRET_KEY}&part=1"
     assert redact_text(url) == "https://***@host/b/k?X-Amz-Signature=***&part=1"
@@ -158,16 +158,16 @@ def test_read_ahead_is_bounded_and_stops_on_close(
 ) -> None:
     blob = payload(32 * 2**20, seed=1)
     moto_fs.pipe(URL, blob)
-    options = _fs.ReadOptions(read_ahead_bytes=2**20, timeout_s=5.0)
+    options = ReadOptions(read_ahead_bytes=2**20, timeout_s=5.0)
     before = threading.active_count()
-    stream: Any = _fs.open_read(URL, proxy_options, options)
+    stream: Any = Store(URL, proxy_options, options).open_read()
     assert stream.read(100) == blob[:100]
     time.sleep(0.5)  # let the background thread fill its queue
-    assert stream.read_ahead.buffered_bytes <= options.read_ahead_bytes
+    assert stream.chunk_source.buffered_bytes <= options.read_ahead_bytes
     # Socket buffers hold some more, but nowhere near the whole object.
     assert fault_proxy.body_bytes_sent < len(blob) // 2
     stream.close()
-    assert not stream.read_ahead.alive
+    assert not stream.chunk_source.alive
     assert threading.active_count() <= before + 1  # at most fsspec's shared event-loop thread
 
 
@@ -176,7 +176,7 @@ def test_read_ahead_propagates_errors_without_hanging(
 ) -> None:
     # The open's own first GET succeeds; every later one (the read-ahead thread's) fails.
     fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=0, nth=2, times=0)
-    stream = _fs.open_read(URL, proxy_options, FAST)
+    stream = Store(URL, proxy_options, FAST).open_read()
     with pytest.raises(StorageError, match=r"after 4 attempts.*(Connection|reset)"):
         stream.read()
     stream.close()
@@ -197,7 +197,7 @@ def test_tarfile_stream_mode_works_on_remote_stream(
             tar.addfile(info, io.BytesIO(member))
     moto_fs.pipe(URL, buffer.getvalue())
     with (
-        _fs.open_read(URL, proxy_options, FAST) as stream,
+        Store(URL, proxy_options, FAST).open_read() as stream,
         tarfile.open(fileobj=stream, mode="r|*") as tar,
     ):
         names = [member.name for member in tar]
@@ -209,7 +209,7 @@ def test_seek_forward_backward_and_far(
 ) -> None:
     blob = payload(16 * 2**20, seed=2)
     moto_fs.pipe(URL, blob)
-    with _fs.open_read(URL, proxy_options, FAST) as stream:
+    with Store(URL, proxy_options, FAST).open_read() as stream:
         assert stream.seekable()
         assert stream.read(10) == blob[:10]
         assert stream.seek(5000, 1) == 5010  # a short hop reads on
@@ -230,10 +230,10 @@ def test_a_short_piece_fetches_little_and_many_open_streams_do_not_stall(
 ) -> None:
     blob = payload(12 * 2**20, seed=2)
     moto_fs.pipe(URL, blob)
-    options = _fs.ReadOptions(timeout_s=5.0, max_attempts=2)  # default 32 MiB read-ahead
+    options = ReadOptions(timeout_s=5.0, max_attempts=2)  # default 32 MiB read-ahead
     # Like the streaming reader's pieces: peek at byte 0, seek into the shard, read a little,
     # with more streams open at once than the client's connection pool (10) holds.
-    streams = [_fs.open_read(URL, proxy_options, options) for _ in range(16)]
+    streams = [Store(URL, proxy_options, options).open_read() for _ in range(16)]
     try:
         for number, stream in enumerate(streams):
             assert stream.read(2) == blob[:2]
@@ -251,9 +251,9 @@ def test_a_short_piece_fetches_little_and_many_open_streams_do_not_stall(
 def test_ranged_read_fetches_only_its_range_in_one_get(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy, read_ahead_bytes: int
 ) -> None:
-    options = _fs.ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
+    options = ReadOptions(**{**vars(FAST), "read_ahead_bytes": read_ahead_bytes})
     start, end = 1_000_000, 1_200_000
-    with _fs.open_read(URL, proxy_options, options, start=start, end=end) as stream:
+    with Store(URL, proxy_options, options).open_read(start=start, end=end) as stream:
         assert stream.read() == data[start:end]
     assert fault_proxy.count("GET", KEY) == 1 and fault_proxy.count("HEAD", KEY) == 0
     assert fault_proxy.body_bytes_sent == end - start, "nothing prefetched past the range"
@@ -264,7 +264,7 @@ def test_ranged_read_resumes_inside_its_range_after_a_reset(
 ) -> None:
     rule = fault_proxy.add(method="GET", path_contains=KEY, action="reset", after_bytes=70_000)
     start, end = 500_000, 700_000
-    with _fs.open_read(URL, proxy_options, FAST, start=start, end=end) as stream:
+    with Store(URL, proxy_options, FAST).open_read(start=start, end=end) as stream:
         assert stream.read() == data[start:end]
     assert rule.hits == 1
 
@@ -272,7 +272,7 @@ def test_ranged_read_resumes_inside_its_range_after_a_reset(
 def test_ranged_read_past_the_end_of_a_shorter_object(
     data: bytes, proxy_options: dict[str, Any]
 ) -> None:
-    with _fs.open_read(URL, proxy_options, FAST, start=SIZE - 100, end=SIZE + 5000) as stream:
+    with Store(URL, proxy_options, FAST).open_read(start=SIZE - 100, end=SIZE + 5000) as stream:
         assert stream.read() == data[-100:]
-    with _fs.open_read(URL, proxy_options, FAST, start=SIZE + 10, end=SIZE + 5000) as stream:
+    with Store(URL, proxy_options, FAST).open_read(start=SIZE + 10, end=SIZE + 5000) as stream:
         assert stream.read() == b""

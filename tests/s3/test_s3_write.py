@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shardstream import _fs
+from shardstream.storage import Store
 from tests.s3.s3env import BUCKET
 
 PART = 5 * 2**20  # S3's smallest part size
@@ -30,7 +30,7 @@ def write_measured(url: str, options: dict[str, Any], num_pieces: int) -> tuple[
     piece = os.urandom(256 * 2**10)
     tracemalloc.start()
     try:
-        with _fs.open_atomic_write(url, options, part_size_bytes=PART) as stream:
+        with Store(url, options).open_atomic_write("", part_size_bytes=PART) as stream:
             for _ in range(num_pieces):
                 stream.write(piece)
                 digest.update(piece)
@@ -61,12 +61,12 @@ def test_error_mid_write_leaves_nothing_visible(
     url = f"s3://{BUCKET}/broken/shard-000000.tar"
     with (
         pytest.raises(RuntimeError),
-        _fs.open_atomic_write(url, storage_options, part_size_bytes=PART) as stream,
+        Store(url, storage_options).open_atomic_write("", part_size_bytes=PART) as stream,
     ):
         stream.write(b"x" * num_bytes)
         raise RuntimeError("the build failed mid-shard")
     assert not moto_fs.exists(url)
-    assert not _fs.exists(url, storage_options)
+    assert not Store(url, storage_options).exists()
     assert uploads_in_progress(moto_fs) == [], "the multipart upload was aborted"
 
 
@@ -77,8 +77,9 @@ def test_killed_writer_leaves_no_visible_object(
     script = textwrap.dedent(
         f"""
         import sys, time
-        from shardstream import _fs
-        with _fs.open_atomic_write({url!r}, {storage_options!r}, part_size_bytes={PART}) as f:
+        from shardstream.storage import Store
+        store = Store({url!r}, {storage_options!r})
+        with store.open_atomic_write("", part_size_bytes={PART}) as f:
             f.write(b"y" * {2 * PART + 10})
             f.flush()
             print("parts-uploaded", flush=True)
@@ -97,25 +98,26 @@ def test_killed_writer_leaves_no_visible_object(
         process.wait(10)
         process.stdout.close()  # type: ignore[union-attr]
     assert not moto_fs.exists(url)
-    assert _fs.list_names(f"s3://{BUCKET}/killed", storage_options) == []
+    assert Store(f"s3://{BUCKET}/killed", storage_options).list_names() == []
 
 
 def test_list_names_and_exists_work_on_prefixes(
     storage_options: dict[str, Any], moto_fs: Any
 ) -> None:
     base = f"s3://{BUCKET}/data/set1"
-    assert _fs.list_names(base, storage_options) == []
-    assert not _fs.exists(_fs.join(base, "manifest.json"), storage_options)
+    assert Store(base, storage_options).list_names() == []
+    assert not Store(base, storage_options).exists("manifest.json")
     for name in ("shard-000001.tar", "shard-000000.tar", "sub/other.tar"):
-        with _fs.open_atomic_write(_fs.join(base, name), storage_options) as stream:
+        with Store(base, storage_options).open_atomic_write(name) as stream:
             stream.write(b"data")
-    assert _fs.list_names(base, storage_options) == ["shard-000000.tar", "shard-000001.tar"]
-    assert _fs.list_names(base + "/", storage_options) == ["shard-000000.tar", "shard-000001.tar"]
+    shards = ["shard-000000.tar", "shard-000001.tar"]
+    assert Store(base, storage_options).list_names() == shards
+    assert Store(base + "/", storage_options).list_names() == shards
     # Another client writes: listings and existence checks see it at once (no stale cache).
     moto_fs.pipe(f"{base}/manifest.json", b"{}")
-    assert _fs.exists(_fs.join(base, "manifest.json"), storage_options)
-    assert "manifest.json" in _fs.list_names(base, storage_options)
-    assert _fs.size(_fs.join(base, "shard-000000.tar"), storage_options) == 4
-    _fs.remove(_fs.join(base, "manifest.json"), storage_options)
-    assert not _fs.exists(_fs.join(base, "manifest.json"), storage_options)
-    assert _fs.read_bytes(_fs.join(base, "shard-000001.tar"), storage_options) == b"data"
+    assert Store(base, storage_options).exists("manifest.json")
+    assert "manifest.json" in Store(base, storage_options).list_names()
+    assert Store(base, storage_options).size("shard-000000.tar") == 4
+    Store(base, storage_options).remove("manifest.json")
+    assert not Store(base, storage_options).exists("manifest.json")
+    assert Store(base, storage_options).read_bytes("shard-000001.tar") == b"data"

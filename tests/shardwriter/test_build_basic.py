@@ -57,6 +57,7 @@ def test_manifest_records_sizes_hashes_and_settings(image_folder, tmp_path):
     assert manifest.settings["max_samples_per_shard"] == 5
     assert manifest.settings["source_kind"] == "imagefolder"
     assert sorted(p.name for p in dest.iterdir()) == [
+        "_info.json",
         "manifest.json",
         *sorted(name for s in manifest.shards for name in (s.name, s.index)),
     ]
@@ -138,6 +139,7 @@ def test_memory_filesystem_destination(image_folder):
         if e["type"] == "file"
     )
     assert names == [
+        "_info.json",
         "manifest.json",
         *sorted(name for s in manifest.shards for name in (s.name, s.index)),
     ]

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from shardstream import _fs
 from shardstream.shardwriter import build, build_shards, sources, state, tarwriter
+from shardstream.storage import files as storage_files
 
 from ..conftest import encode_image, write_image_folder
 from .helpers import dataset_bytes
@@ -39,7 +39,7 @@ BUILD_OPTIONS: dict[str, Any] = {"max_samples_per_shard": 2, "resize": 16}
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
     "scanning": (sources._TreeScan, "_scan_files", lambda args: True),
     "mid-shard": (tarwriter.TarShardWriter, "write_member", lambda args: True),
-    "mid-rename": (_fs, "move", lambda args: "shard-" in str(args[1])),
+    "mid-rename": (storage_files, "move", lambda args: "shard-" in str(args[2])),
     "before-manifest": (build, "write_manifest", lambda args: True),
     "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json")),
     "before-state-removal": (state, "remove_state", lambda args: True),

@@ -22,8 +22,8 @@ def test_one_and_three_workers_give_identical_bytes(make_image_folder, tmp_path)
     build_shards(root, tmp_path / "one", max_samples_per_shard=7, workers=1)
     build_shards(root, tmp_path / "three", max_samples_per_shard=7, workers=3)
     one, three = dataset_bytes(tmp_path / "one"), dataset_bytes(tmp_path / "three")
-    # 9 shards, their 9 byte-offset indexes (.idx) and the manifest
-    assert len(one) == 19 and one == three
+    # 9 shards, their 9 byte-offset indexes (.idx), timm's _info.json and the manifest
+    assert len(one) == 20 and one == three
     assert sum(name.endswith(".idx") for name in one) == 9
 
 

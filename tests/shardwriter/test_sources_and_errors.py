@@ -128,6 +128,7 @@ def test_rerun_is_idempotent_and_other_settings_are_refused(image_folder, tmp_pa
     replaced = build_shards(image_folder, dest, max_samples_per_shard=4, overwrite=True)
     assert manifest_of(dest) == replaced and len(replaced.shards) == 3
     assert sorted(p.name for p in dest.iterdir()) == [
+        "_info.json",
         "manifest.json",
         *sorted(name for s in replaced.shards for name in (s.name, s.index)),
     ]

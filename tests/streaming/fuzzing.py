@@ -26,7 +26,8 @@ from typing import Any
 from shardstream.errors import ManifestError, ShardFormatError
 from shardstream.manifest import Manifest
 from shardstream.shardindex import decode_offsets
-from shardstream.streaming.pieces import read_piece
+from shardstream.storage import Store
+from shardstream.streaming.pieces import HandlePool, read_piece
 from shardstream.streaming.tario import iter_samples, open_tar
 
 _BLOCK = 512
@@ -219,13 +220,14 @@ def read_shard(data: bytes, url: str, offsets: tuple[int, ...] | None) -> int:
     non_seekable = _Unseekable(data)
     count += len(list(iter_samples(open_tar(non_seekable, url))))  # type: ignore[arg-type]
     if offsets is not None:
-
-        def opener(_: str, start: int = 0, end: int | None = None) -> Any:
-            return io.BytesIO(data[start:end])
-
-        last = len(offsets) - 1
-        count += len(list(read_piece(url, 0, last, opener, None, offsets)))
-        count += len(list(read_piece(url, 2, 4, opener, None, offsets)))
+        scratch = pathlib.Path(_SCRATCH[0])
+        pool = HandlePool(Store(scratch.parent))
+        try:
+            last = len(offsets) - 1
+            count += len(list(read_piece(pool, scratch.name, 0, last, None, offsets)))
+            count += len(list(read_piece(pool, scratch.name, 2, 4, None, offsets)))
+        finally:
+            pool.close()
     return count
 
 

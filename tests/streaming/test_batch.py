@@ -10,6 +10,7 @@ import pickle
 import torch
 from torch.utils.data import DataLoader
 
+from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
 from shardstream.streaming.batch import ByteViews, pack_bytes, stack_or_list
 from shardstream.streaming.pieces import HandlePool, read_piece
@@ -68,21 +69,29 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+class _CountingStore(Store):
+    """A store that records every file it opens."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        super().__init__(root)
+        self.opened: list[str] = []
+
+    def open_read(self, name: str = "", start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def, override]
+        self.opened.append(name)
+        return super().open_read(name, start, end)
+
+
 def test_handle_pool_reuses_and_closes(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 40, 7)
-    url = str(root / "shard-000000.tar")
-    opened: list[str] = []
-
-    def opener(name: str):  # type: ignore[no-untyped-def]
-        opened.append(name)
-        return open(name, "rb")
-
+    store = _CountingStore(root)
     before = _open_fds()
-    pool = HandlePool(opener, max_idle=2)
+    pool = HandlePool(store, max_idle=2)
     for start in range(0, 7, 2):
-        keys = [s["__key__"] for s in read_piece(url, start, min(start + 2, 7), pool.lend)]
-        assert keys == [f"s{i:06d}" for i in range(start, min(start + 2, 7))]
-    assert len(opened) == 1 and pool.num_idle == 1
+        piece = read_piece(pool, "shard-000000.tar", start, min(start + 2, 7))
+        assert [s["__key__"] for s in piece] == [
+            f"s{i:06d}" for i in range(start, min(start + 2, 7))
+        ]
+    assert store.opened == ["shard-000000.tar"] and pool.num_idle == 1
     pool.close()
     assert pool.num_idle == 0 and _open_fds() == before
 

@@ -40,7 +40,6 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("policy", ["pad", "drop"])
 def test_ranks_cover_the_manifest(tmp_path: pathlib.Path, policy: str) -> None:
     root, manifest = make_dataset(tmp_path, 23, 5)
@@ -85,7 +84,6 @@ def _train(rank: int, root: str, store: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
 def test_short_ddp_training_finishes(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 29, 4)  # 29 samples: uneven, needs padding to not hang
     mp.spawn(_train, args=(str(root), str(tmp_path / "store")), nprocs=WORLD, join=True)

@@ -11,7 +11,8 @@ import tarfile
 import pytest
 
 from shardstream.errors import ShardFormatError
-from shardstream.streaming.pieces import OffsetIndex, read_piece
+from shardstream.storage import Store
+from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
 from shardstream.streaming.tario import iter_samples, open_tar, split_key
 from tests.streaming.shards import tiny_jpeg
 
@@ -109,31 +110,34 @@ def test_corrupt_header_is_reported(tmp_path: pathlib.Path) -> None:
         _read(path)
 
 
-def _open(url: str) -> io.BufferedReader:
-    return open(url, "rb")
+def _pool(path: pathlib.Path) -> HandlePool:
+    return HandlePool(Store(path.parent), max_idle=0)  # nothing left open after a piece
 
 
 def test_pieces_seek_with_the_offset_index(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 9)
     index = OffsetIndex()
-    keys = [s["__key__"] for s in read_piece(str(path), 5, 8, _open, index)]
+    keys = [s["__key__"] for s in read_piece(_pool(path), path.name, 5, 8, index)]
     assert keys == ["k5", "k6", "k7"]
-    assert [s["__key__"] for s in read_piece(str(path), 2, 4, _open, index)] == ["k2", "k3"]
-    assert [s["__key__"] for s in read_piece(str(path), 7, None, _open, index)] == ["k7", "k8"]
+    assert [s["__key__"] for s in read_piece(_pool(path), path.name, 2, 4, index)] == ["k2", "k3"]
+    tail = read_piece(_pool(path), path.name, 7, None, index)
+    assert [s["__key__"] for s in tail] == ["k7", "k8"]
     with pytest.raises(ShardFormatError, match="manifest says"):
-        list(read_piece(str(path), 0, 12, _open, index))
+        list(read_piece(_pool(path), path.name, 0, 12, index))
     with pytest.raises(ShardFormatError, match="manifest says"):
-        list(read_piece(str(path), 11, 12, _open, OffsetIndex()))
+        list(read_piece(_pool(path), path.name, 11, 12, OffsetIndex()))
 
 
-def _ranged_opener(calls: list[tuple[int, int | None]]):  # type: ignore[no-untyped-def]
-    from shardstream import _fs
+class _RecordingPool(HandlePool):
+    """A pool that records the byte ranges pieces ask for."""
 
-    def opener(url: str, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def]
-        calls.append((start, end))
-        return _fs.open_read(url, start=start, end=end)
+    def __init__(self, path: pathlib.Path, calls: list[tuple[int, int | None]]) -> None:
+        super().__init__(Store(path.parent), max_idle=0)
+        self.calls = calls
 
-    return opener
+    def lend(self, name: str, start: int = 0, end: int | None = None):  # type: ignore[no-untyped-def, override]
+        self.calls.append((start, end))
+        return super().lend(name, start, end)
 
 
 def _walked_offsets(path: pathlib.Path) -> list[int]:
@@ -146,24 +150,24 @@ def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Pa
     path = _shard(tmp_path, 9)
     offsets = _walked_offsets(path)
     calls: list[tuple[int, int | None]] = []
-    opener = _ranged_opener(calls)
-    keys = [s["__key__"] for s in read_piece(str(path), 5, 8, opener, None, offsets)]
+    pool = _RecordingPool(path, calls)
+    keys = [s["__key__"] for s in read_piece(pool, path.name, 5, 8, None, offsets)]
     assert keys == ["k5", "k6", "k7"] and calls == [(offsets[5], offsets[8])]
-    tail = [s["__key__"] for s in read_piece(str(path), 7, None, opener, None, offsets)]
+    tail = [s["__key__"] for s in read_piece(pool, path.name, 7, None, None, offsets)]
     assert tail == ["k7", "k8"] and calls[-1] == (offsets[7], offsets[9])
     with pytest.raises(ShardFormatError, match="index lists 9 samples but the manifest says"):
-        list(read_piece(str(path), 0, 12, opener, None, offsets))
+        list(read_piece(pool, path.name, 0, 12, None, offsets))
 
 
 def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 9)
     offsets = _walked_offsets(path)
-    opener = _ranged_opener([])
+    pool = _RecordingPool(path, [])
     wrong = [*offsets[:4], offsets[4] + 512, *offsets[5:]]
     with pytest.raises(ShardFormatError, match=r"shard\.tar: no valid tar header at byte offset"):
-        list(read_piece(str(path), 4, 6, opener, None, wrong))
+        list(read_piece(pool, path.name, 4, 6, None, wrong))
     path.write_bytes(path.read_bytes()[: offsets[6] + 700])
     with pytest.raises(
         ShardFormatError, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"
     ):
-        list(read_piece(str(path), 5, 8, opener, None, offsets))
+        list(read_piece(pool, path.name, 5, 8, None, offsets))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from shardstream._stream import ChunkSource
+from shardstream.storage.ranged import ChunkSource
 
 __all__ = ["ReadAhead"]
 

@@ -1,9 +1,9 @@
 """Reading remote objects: few, long ranged GETs per shard on S3, chunked ranges elsewhere.
 
-:func:`open_remote` is what ``_fs.open_read`` uses for every non-local URL. With a cache it
+:func:`open_remote` is what :meth:`Store.open_read` uses for every non-local URL. With a cache it
 asks for the object's size and ETag (HEAD), downloads a missing object into the cache and opens
 the local file. Otherwise it streams the wanted byte range through a
-:class:`~shardstream._stream.ChunkFetcher` (retries, resume at the byte offset reached) and
+:class:`~shardstream.storage.ranged.ChunkFetcher` (retries, resume at the byte offset reached) and
 prefetches in a background thread, never past the end of the range. On S3 that stream makes no
 HEAD: the first ranged GET's ``Content-Range`` and ``ETag`` give the size and version, and later
 GETs carry ``If-Match`` on that ETag so a rewritten object is never mixed with the old one.
@@ -25,11 +25,11 @@ from typing import IO, Any, cast
 import fsspec
 from fsspec.asyn import sync
 
-from shardstream._cache import ShardCache
-from shardstream._readahead import ReadAhead
-from shardstream._redact import redact_url, secret_values
-from shardstream._retry import Retrier, client_error_code
-from shardstream._stream import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.cache import ShardCache
+from shardstream.storage.options import ReadOptions
+from shardstream.storage.ranged import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.readahead import ReadAhead
+from shardstream.storage.retry import Retrier, client_error_code
 
 __all__ = ["open_remote", "read_filesystem"]
 
@@ -234,9 +234,11 @@ def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] 
 
 
 def open_remote(
-    url: str,
-    storage_options: Mapping[str, Any] | None,
-    options: Any,
+    fs: Any,
+    path: str,
+    shown: str,
+    secrets: list[str],
+    options: ReadOptions,
     start: int = 0,
     end: int | None = None,
 ) -> IO[bytes]:
@@ -250,30 +252,31 @@ def open_remote(
     opened) and every open returns the local file, so later epochs never touch the network.
 
     Args:
-        url: The object's URL (``s3://bucket/key``, ``gs://...``, ``memory://...``).
-        storage_options: fsspec options (credentials, ``endpoint_url``...).
-        options: A ``shardstream._fs.ReadOptions``.
+        fs: The filesystem from :func:`read_filesystem`.
+        path: The object's path on ``fs``.
+        shown: The object's URL without credentials, for messages.
+        secrets: Secret values to scrub from messages.
+        options: Retries, read-ahead and cache.
         start: First byte to read.
         end: Stop before this byte (``None``: the object's end).
 
     Returns:
         A read-only, seekable binary file object positioned at ``start``.
     """
-    shown = redact_url(url)
-    fs, path = read_filesystem(url, storage_options, options.timeout_s)
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     is_s3 = bool(protocols & _S3_PROTOCOLS)
     source = _S3Source(fs, path, options.timeout_s) if is_s3 else _GenericSource(fs, path)
     stop = threading.Event()
     retrier = Retrier(
         shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
-        secret_values(storage_options), stop,
+        secrets, stop,
     )  # fmt: skip
     size: int | None = end
     if options.cache_dir or not is_s3:
         size, etag = _stat(source, retrier)
         if options.cache_dir:
-            local = _open_cached(options, source, size, etag, shown, retrier)
+            cache = ShardCache(options.cache_dir, options.cache_max_bytes)
+            local = _open_cached(cache, source, size, etag, shown, retrier)
             if local is not None:
                 local.seek(start)
                 return local if end is None else BoundedFile(local, end)  # type: ignore[return-value]
@@ -283,9 +286,8 @@ def open_remote(
 
 
 def _open_cached(
-    options: Any, source: Any, size: int, etag: str | None, shown: str, retrier: Retrier
+    cache: ShardCache, source: Any, size: int, etag: str | None, shown: str, retrier: Retrier
 ) -> IO[bytes] | None:
-    cache = ShardCache(options.cache_dir, options.cache_max_bytes)
     whole = ChunkFetcher(source, size, _MAX_CHUNK_BYTES, retrier, first_span_bytes=_MAX_CHUNK_BYTES)
     return _download(cache, cache.path_for(shown, size, etag), whole)
 
@@ -297,7 +299,7 @@ def _stream_range(
     end: int | None,
     shown: str,
     retrier: Retrier,
-    options: Any,
+    options: ReadOptions,
 ) -> IO[bytes]:
     """Stream ``[start, end)``; ``size`` is None on S3 until the first GET says it."""
     # A ranged GET is never longer than a chunk, so every response is read to its end at once:

@@ -14,8 +14,8 @@ import random
 import threading
 from collections.abc import Sequence
 
-from shardstream._redact import redact_text
 from shardstream.errors import StorageError
+from shardstream.storage.redact import redact_text
 
 __all__ = ["Retrier", "ShortReadError", "client_error_code", "fatal_error", "is_retryable"]
 

@@ -1,12 +1,12 @@
 """A resilient sequential stream over a remote object: retries, resume at offset, read-ahead.
 
-Three small pieces, composed by :func:`shardstream._remote.open_remote`:
+Three small pieces, composed by :func:`shardstream.storage.remote.open_remote`:
 
 - :class:`ChunkFetcher` pulls the object in order from a ``RangeSource`` (one long ranged GET on
   S3), retrying failures and resuming at the exact byte offset already fetched, so a break in
   the middle of a shard neither loses nor repeats a byte.
-- :class:`shardstream._readahead.ReadAhead` runs a fetcher in a daemon thread that keeps at most
-  ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
+- :class:`~shardstream.storage.readahead.ReadAhead` runs a fetcher in a daemon thread that keeps
+  at most ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
 - :class:`RemoteStream` is the read-only file object handed to callers (``tarfile`` in stream
   mode, ``read_bytes``...); it counts the bytes it delivered.
 """
@@ -18,8 +18,8 @@ import logging
 import os
 from typing import Any, Protocol
 
-from shardstream._retry import Retrier, ShortReadError
 from shardstream.errors import StorageError
+from shardstream.storage.retry import Retrier, ShortReadError
 
 __all__ = [
     "BoundedFile",
@@ -220,11 +220,9 @@ class RemoteStream(io.RawIOBase):
         return target
 
     @property
-    def read_ahead(self) -> Any:
-        """The :class:`ReadAhead` behind this stream, or ``None`` (for tests and stats)."""
-        from shardstream._readahead import ReadAhead  # _readahead imports this module
-
-        return self._chunks if isinstance(self._chunks, ReadAhead) else None
+    def chunk_source(self) -> ChunkSource:
+        """Where the chunks come from: a ``ReadAhead`` when reading ahead (for tests, stats)."""
+        return self._chunks
 
     def _fill(self) -> bool:
         if self._eof:

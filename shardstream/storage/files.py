@@ -1,0 +1,161 @@
+"""File operations on a resolved fsspec filesystem: listing, moves, folder removal, atomic writes.
+
+:class:`~shardstream.storage.Store` calls these with its filesystem and a path; they hold the
+knowledge of how each kind of storage makes a write atomic or a move cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from typing import IO, Any
+
+from fsspec.implementations.local import LocalFileSystem
+
+__all__ = ["atomic_write", "forget_listings", "is_local_fs", "list_files", "move", "remove_folder"]
+
+logger = logging.getLogger("shardstream.storage")
+
+#: Object stores publish an object only when its upload completes, so writing straight to the
+#: final key is already atomic there (a killed multipart upload never becomes visible).
+_ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+
+
+def is_local_fs(fs: Any) -> bool:
+    """True for the local filesystem."""
+    return isinstance(fs, LocalFileSystem)
+
+
+def _has_atomic_put(fs: Any) -> bool:
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return bool(protocols & _ATOMIC_PUT_PROTOCOLS)
+
+
+def forget_listings(fs: Any, path: str) -> None:
+    """Drop cached listings: another process may have written there since we last looked."""
+    if not is_local_fs(fs):
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(path)
+
+
+def list_files(fs: Any, path: str) -> list[str]:
+    """Sorted names of the files directly inside a folder; [] when it is missing."""
+    forget_listings(fs, path)  # object stores have no folders: list the prefix afresh
+    try:
+        entries = fs.ls(path.rstrip("/"), detail=True)
+    except FileNotFoundError:
+        return []
+    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "file"]
+    return sorted(names)
+
+
+def move(fs: Any, source: str, target: str) -> None:
+    """Move one file or object so that ``target`` appears complete or not at all.
+
+    Local files are renamed (``os.replace``). On object stores the bytes never leave the
+    server: the object is copied server-side (S3 ``CopyObject``, which publishes the target
+    atomically; s3fs switches to a multipart ``UploadPartCopy`` above 150 MiB, which also
+    becomes visible only when it completes) and the source is deleted afterwards. A process
+    killed in between leaves both, so a retried move simply copies again. Other fsspec
+    filesystems use their own ``mv``.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist.
+    """
+    if is_local_fs(fs):
+        os.replace(source, target)
+    elif _has_atomic_put(fs):
+        fs.cp_file(source, target)
+        fs.rm_file(source)
+    else:
+        fs.mv(source, target)
+    forget_listings(fs, target)
+
+
+def remove_folder(fs: Any, path: str) -> None:
+    """Delete a folder (every object under a prefix) and all it holds; missing is fine.
+
+    On object stores this also removes the "folder" markers some filesystems keep (for
+    example ``memory://``), so nothing of the folder stays listed.
+    """
+    forget_listings(fs, path)
+    if is_local_fs(fs):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path.rstrip("/"), recursive=True)
+    forget_listings(fs, path)
+
+
+@contextlib.contextmanager
+def atomic_write(fs: Any, path: str, shown: str, part_size_bytes: int) -> Iterator[IO[bytes]]:
+    """Open ``path`` for writing so that it appears complete or not at all.
+
+    Local files are written under a temporary name in the same folder, flushed to disk and then
+    renamed over the target. Object stores are written in place: the data is streamed up as a
+    multipart upload of ``part_size_bytes`` parts (so memory is bounded by the part size, not
+    the object size), the object becomes visible only when the upload completes, and the upload
+    is aborted if the block raises. A killed process leaves an unfinished multipart upload,
+    which is never visible (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` frees
+    its parts). Other fsspec filesystems get a temporary name and a move.
+    """
+    if is_local_fs(fs):
+        with _local_atomic_write(path) as stream:
+            yield stream
+        return
+    if _has_atomic_put(fs):
+        stream = fs.open(path, "wb", block_size=part_size_bytes)
+        try:
+            yield stream
+        except BaseException:
+            _discard(stream, shown)
+            raise
+        stream.close()
+        return
+    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with fs.open(temporary, "wb") as stream:
+            yield stream
+        fs.mv(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(temporary)
+        raise
+
+
+@contextlib.contextmanager
+def _local_atomic_write(path: str) -> Iterator[IO[bytes]]:
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    try:
+        with open(temporary, "wb") as stream:
+            yield stream
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def _discard(stream: Any, shown_url: str) -> None:
+    """Abort an unfinished object-store upload so that nothing becomes visible."""
+    discard = getattr(stream, "discard", None)
+    if callable(discard):
+        try:
+            discard()
+        except Exception as exc:  # the original error matters more; say what is left behind
+            logger.warning(
+                "%s: aborting the unfinished multipart upload failed (%s); it stays invisible "
+                "but keeps its parts until a lifecycle rule removes them",
+                shown_url, type(exc).__name__,
+            )  # fmt: skip
+    # Mark closed without committing: AbstractBufferedFile.close() would complete the upload.
+    with contextlib.suppress(Exception):
+        stream.closed = True

@@ -1,0 +1,43 @@
+"""Settings of the storage layer: how remote objects are read, and upload part sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["DEFAULT_PART_SIZE_BYTES", "ReadOptions", "StorageOptions"]
+
+#: fsspec options (credentials, ``endpoint_url``...), passed through to the filesystem.
+StorageOptions = Mapping[str, Any] | None
+
+#: Multipart upload part size for object stores: memory per open upload is about this much.
+DEFAULT_PART_SIZE_BYTES = 16 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How shards are read from storage: retries, read-ahead and an optional local cache.
+
+    Attributes:
+        max_attempts: Tries per read (the first included) before :class:`StorageError`.
+        backoff_s: First retry delay; doubles per retry, with jitter, up to ``max_backoff_s``.
+        max_backoff_s: Longest delay between two tries.
+        timeout_s: A read that makes no progress for this long counts as failed (stalls).
+        read_ahead_bytes: Bytes fetched ahead of the reader in a background thread (remote
+            URLs only); 0 turns read-ahead off. Memory per open stream is bounded by this.
+        cache_dir: Local folder that keeps whole remote shards for later epochs, or ``None``.
+        cache_max_bytes: Size limit of ``cache_dir``; least recently used shards are evicted.
+
+    Example:
+        >>> ReadOptions(max_attempts=4, cache_dir="/local/ssd/cache").max_attempts
+        4
+    """
+
+    max_attempts: int = 8
+    backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    timeout_s: float = 60.0
+    read_ahead_bytes: int = 32 * 2**20
+    cache_dir: str | None = None
+    cache_max_bytes: int | None = None
