@@ -52,7 +52,7 @@ def main() -> None:
     resumed = [batch["__key__"] for batch in loader]
     assert resumed == reference[6:], "resume differs from the uninterrupted run"
     print(
-        f"saved after {state['batches_consumed']} of {len(ds)} batches in epoch "
+        f"saved after {state['consumed_batches']} of {len(ds)} batches in epoch "
         f"{state['epoch']}; resumed run yielded the remaining {len(resumed)} batches exactly"
     )
 

@@ -175,7 +175,7 @@ class Retrier:
                 f"row; last error: {cause}. Check the endpoint and the network, or raise "
                 "ReadOptions.max_attempts / timeout_s."
             ) from exc
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** (self.failures - 1))
+        delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(self.failures - 1, 62))
         delay *= 0.5 + 0.5 * self._random.random()  # jitter: workers must not retry in step
         logger.warning(
             "%s: %s %s failed (attempt %d of %d, retrying in %.2fs): %s",

@@ -6,8 +6,9 @@ positions.
 
 from __future__ import annotations
 
-from shardstream.streaming.dataset import StreamingDataset, StreamOptions
+from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.loader import StreamingDataLoader
+from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.shardlist import ShardSpec, resolve_source
 
 __all__ = [

@@ -1,20 +1,41 @@
-"""StreamingDataset: wires shard list, split plan, worker pipeline, decoding and batching."""
+"""StreamingDataset: wires shard list, pass plan, worker pipeline, decoding and batching."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils.data
 
 from shardstream.errors import ConfigError
-from shardstream.storage import ReadOptions
 from shardstream.streaming import batch as batching
+from shardstream.streaming.channel import EpochChannel
 from shardstream.streaming.context import Context, current_context
 from shardstream.streaming.decode import SampleConverter
+from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.pipeline import WorkerJob, run_worker
+from shardstream.streaming.remainder import (
+    Layout,
+    PassRecord,
+    StageOptions,
+    WorkerPlan,
+    last_worker,
+    pass_batches,
+    pass_sequence,
+    plan_pass_worker,
+)
+from shardstream.streaming.resume import (
+    STATE_VERSION,
+    check_fingerprint,
+    check_layout,
+    check_version,
+    history_from_state,
+    layout_from_state,
+)
 from shardstream.streaming.shardlist import Source, resolve_source
 from shardstream.streaming.split import (
     Piece,
@@ -22,54 +43,13 @@ from shardstream.streaming.split import (
     batches_consumed_per_worker,
     next_worker,
     plan_whole_shards,
-    plan_worker,
     rank_batch_count,
     samples_per_rank,
-    worker_batch_counts,
 )
-from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES
 
 __all__ = ["StreamOptions", "StreamingDataset"]
 
 logger = logging.getLogger("shardstream.streaming")
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamOptions:
-    """Less common settings of :class:`StreamingDataset`.
-
-    Attributes:
-        shuffle_buffer: Samples held by the shuffle buffer (encoded bytes; bounds memory).
-        num_open: Pieces each worker reads at once when shuffling (mixes class-ordered shards;
-            each open piece holds one file handle or stream).
-        piece_size: Longest run of consecutive samples taken from one place of a shard (capped
-            by ``block_size``). Larger means fewer seeks (remote: fewer ranged requests) but
-            needs more ``num_open`` for the same class mix: 64/64 measured 0.82 of uniform on
-            class-ordered shards (16/32: 0.88, 64/32: 0.74).
-        block_size: Samples dealt to a worker at a time (rounded up to the batch size).
-        rank: This process's rank; with ``world_size`` overrides ``torch.distributed``.
-        world_size: Number of ranks.
-        output: ``"pair"`` yields ``(image, label)``; ``"dict"`` yields every field.
-        allow_pickle: Unpickle ``.pyd``/``.pth`` members (runs code from the data; opt in only
-            for data you trust).
-        max_member_bytes: Largest tar member read into memory (1 GiB). A header declaring more,
-            or more than the rest of the shard, is a ``ShardFormatError`` (skipped and counted
-            with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
-        storage_options: fsspec options for remote URLs.
-        read_options: Retries, read-ahead and cache for remote reads.
-    """
-
-    shuffle_buffer: int = 1000
-    num_open: int = 64
-    piece_size: int = 64
-    block_size: int = 64
-    rank: int | None = None
-    world_size: int | None = None
-    output: str = "pair"
-    allow_pickle: bool = False
-    max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
-    storage_options: Mapping[str, Any] | None = None
-    read_options: ReadOptions | None = None
 
 
 class StreamingDataset(torch.utils.data.IterableDataset):
@@ -100,11 +80,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             logging and counting them.
         options: Less common settings, see :class:`StreamOptions`.
 
+    Epochs: each new pass over the dataset moves to the next epoch by itself (new shard order
+    and shuffles), whatever loader runs it and whether its workers persist; ``set_epoch(n)``
+    pins the epoch instead, and reaches persistent workers too. The dataset follows the
+    ``Stateful`` protocol (``state_dict``/``load_state_dict`` per worker), so torchdata's
+    ``StatefulDataLoader`` resumes it mid-epoch exactly.
+
     Example:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
         >>> loader = StreamingDataLoader(ds, num_workers=8, pin_memory=True)  # doctest: +SKIP
         >>> for epoch in range(90):  # doctest: +SKIP
-        ...     ds.set_epoch(epoch)
         ...     for images, labels in loader: ...
     """
 
@@ -127,6 +112,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.plan = PlanOptions(
             seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
         )
+        self.stage = StageOptions(shuffle, self.options.num_open, self.options.shuffle_buffer)
         self.store, self.shards, self.manifest = resolve_source(
             source, self.options.storage_options, self.options.read_options
         )
@@ -135,15 +121,27 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         )
         self.batch_size = batch_size
         self.on_error = on_error
-        self.epoch = 0
-        self._resume: tuple[int, int] | None = None
+        self.channel = EpochChannel()
+        self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
+        self._progress: dict[str, Any] | None = None  # the pass under way in this process
+        self._sequences: dict[tuple[int, tuple[PassRecord, ...]], list[Piece]] = {}
         # DataLoader workers do not see torch.distributed: read rank and world size here, in the
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
 
+    # -- epochs and ranks ---------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch pinned by :meth:`set_epoch` (0 before any call)."""
+        return self.channel.pinned
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (shard order and shuffles); call before iterating each epoch."""
-        self.epoch = int(epoch)
+        """Read ``epoch`` in the next pass (shard order and shuffles); later passes count on.
+
+        Optional: passes advance by themselves. Reaches persistent DataLoader workers too.
+        """
+        self.channel.pin(int(epoch))
         self._ranks = self._read_ranks()
 
     def _read_ranks(self) -> tuple[int, int]:
@@ -154,13 +152,27 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """Rank, world size (as seen by the training process) and the current worker."""
         return current_context(*self._ranks)
 
-    def resume_at(self, epoch: int, batches_consumed: int) -> None:
-        """Make the next iteration of ``epoch`` skip what this rank's loader already consumed.
+    def layout(self, num_workers: int | None = None) -> Layout:
+        """World size, workers per rank and batch size of a pass (workers: the current ones)."""
+        context = self.context()
+        workers = context.num_workers if num_workers is None else max(1, num_workers)
+        return Layout(context.world_size, workers, self.plan.batch_size)
 
-        Used by :class:`StreamingDataLoader`; "batches" are samples when ``batch_size`` is None.
-        """
-        self.set_epoch(epoch)
-        self._resume = (int(epoch), int(batches_consumed))
+    def fingerprint(self) -> dict[str, Any]:
+        """The settings that fix which samples an epoch holds and their order."""
+        return {
+            "seed": self.plan.seed,
+            "shuffle": self.plan.shuffle,
+            "policy": self.plan.policy,
+            "num_shards": len(self.shards),
+            "num_samples": self.manifest.num_samples if self.manifest else None,
+            "shuffle_buffer": self.options.shuffle_buffer,
+            "num_open": self.options.num_open,
+            "piece_size": self.options.piece_size,
+            "block_size": self.options.block_size,
+        }
+
+    # -- sizes --------------------------------------------------------------------------------
 
     def samples_per_rank(self, context: Context | None = None) -> int:
         """Samples each rank yields per epoch (requires a manifest)."""
@@ -172,6 +184,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         per_rank = self.samples_per_rank()
         return rank_batch_count(per_rank, self.plan) if self.batch_size else per_rank
 
+    def pass_batches(self, epoch: int, history: list[PassRecord], layout: Layout) -> int:
+        """Batches (samples without ``batch_size``) every rank yields in a pass."""
+        self._num_samples()
+        return pass_batches(self._sequence(epoch, history), layout, self.plan)
+
     def _num_samples(self) -> int:
         if self.manifest is None:
             raise TypeError(
@@ -181,68 +198,170 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             )
         return self.manifest.num_samples
 
+    def _sequence(self, epoch: int, history: list[PassRecord]) -> list[Piece]:
+        """The pass's virtual sequence; a resumed one is found by replay, so it is kept."""
+        key = (epoch, tuple(history))
+        if key not in self._sequences:
+            counts = [spec.num_samples or 0 for spec in self.shards]
+            self._sequences = {key: pass_sequence(counts, epoch, history, self.plan, self.stage)}
+        return self._sequences[key]
+
+    # -- iteration ----------------------------------------------------------------------------
+
     def __iter__(self) -> Iterator[Any]:
         context = self.context()
-        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
-        consumed = resume[1] if resume else 0
-        job = self._job(context, consumed)
-        collate = (
-            batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
-        )
-        return run_worker(job, self.convert, self.batch_size, collate)
-
-    def _job(self, context: Context, consumed_batches: int) -> WorkerJob:
-        worker_count = context.num_workers
-        batch_counts = self._batch_counts(context, consumed_batches)
-        rotation = next_worker(batch_counts, consumed_batches)
-        context = dataclasses.replace(context, worker=(context.worker + rotation) % worker_count)
-        if self.manifest is not None:
-            counts = [spec.num_samples or 0 for spec in self.shards]
-            pieces = plan_worker(
-                counts,
-                self.epoch,
-                context.rank,
-                context.world_size,
-                context.worker,
-                worker_count,
-                self.plan,
-            )
+        pending, self._pending = self._pending, None
+        if pending is not None:  # Stateful restore: this worker continues where it stopped
+            epoch, history, plan, token = self._restored_pass(context, pending)
         else:
-            pieces = self._whole_shards(context)
-        taken = batches_consumed_per_worker(batch_counts, consumed_batches)[context.worker]
-        return WorkerJob(
+            epoch, directive = self.channel.take(context.worker, context.num_workers)
+            history = history_from_state(directive) if directive else []
+            consumed = int(directive["consumed"]) if directive else 0
+            plan = self._worker_plan(context, epoch, history, consumed, True)
+            token = _pass_token(epoch, directive, self.channel.pin_count, context.num_workers)
+        progress = [plan.skip_samples // self.plan.batch_size]
+        self._progress = {"epoch": epoch, "history": history, "progress": progress, "token": token}
+        job = WorkerJob(
             store=self.store,
             shards=self.shards,
-            pieces=tuple(pieces),
-            seed=(self.plan.seed, self.epoch, context.rank, context.worker),
-            shuffle=self.plan.shuffle,
-            num_open=self.options.num_open,
-            buffer_size=self.options.shuffle_buffer,
-            skip_samples=taken * self.plan.batch_size,
+            pieces=plan.pieces,
+            seed=plan.seed,
+            stage=self.stage,
+            skip_samples=plan.skip_samples,
             on_error=self.on_error,
             max_member_bytes=self.options.max_member_bytes,
         )
+        collate = (
+            batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
+        )
+        return run_worker(job, self.convert, self.batch_size, collate, progress)
 
-    def _batch_counts(self, context: Context, consumed_batches: int) -> list[int]:
-        if self.manifest is None:  # unknown: assume no worker ran out before the resume point
-            return [consumed_batches + 1] * context.num_workers
-        return worker_batch_counts(self.samples_per_rank(context), context.num_workers, self.plan)
+    def _restored_pass(
+        self, context: Context, state: dict[str, Any]
+    ) -> tuple[int, list[PassRecord], WorkerPlan, int]:
+        """The pass a Stateful restore continues; the next epoch if the rank had finished.
 
-    def _whole_shards(self, context: Context) -> list[Piece]:
+        A loader may save after the last batch without having seen the end of the epoch. The
+        restored pass would then be empty; instead, when every worker of the rank had finished
+        (they tell each other through the channel as they restore), it reads the next epoch.
+        """
+        epoch, history, items = int(state["epoch"]), history_from_state(state), int(state["items"])
+        token = int(state["token"])
+        plan = self._worker_plan(context, epoch, history, items, False)
+        rank_done = False
+        if self.manifest is not None:
+            samples = sum(piece.num_samples for piece in plan.pieces)
+            done = items >= -(-samples // self.plan.batch_size)
+            rank_done = done
+            if context.num_workers > 1:
+                self.channel.report(context.worker, context.num_workers, token, done)
+                if done:  # finished here: did every worker of the rank finish too?
+                    reports = self.channel.wait_reports(context.num_workers, token, 60.0)
+                    rank_done = reports is not None and all(reports)
+        if rank_done:
+            # The loader goes on asking workers in turn after the one that gave the last batch:
+            # the worker it asks first plays worker 0 of the next epoch.
+            layout = self.layout(context.num_workers)
+            first = last_worker(self._sequence(epoch, history), layout, self.plan) + 1
+            worker = (context.worker - first) % layout.num_workers
+            role = dataclasses.replace(context, worker=worker)
+            epoch, history = epoch + 1, []
+            plan = self._worker_plan(role, epoch, history, 0, False)
+            token = _pass_token(epoch, None, self.channel.pin_count, context.num_workers)
+        self.channel.restored(context.worker, context.num_workers, epoch)
+        return epoch, history, plan, token
+
+    def _worker_plan(
+        self, context: Context, epoch: int, history: list[PassRecord], consumed: int, rotate: bool
+    ) -> WorkerPlan:
+        layout = self.layout(context.num_workers)
+        if self.manifest is None:
+            return self._whole_shards_plan(context, epoch, history, consumed, rotate)
+        sequence = self._sequence(epoch, history)
+        return plan_pass_worker(
+            sequence, epoch, len(history), context.rank, context.worker, layout, self.plan,
+            consumed, rotate,
+        )  # fmt: skip
+
+    def _whole_shards_plan(
+        self, context: Context, epoch: int, history: list[PassRecord], consumed: int, rotate: bool
+    ) -> WorkerPlan:
+        """Sources without a manifest: whole shards, resumed only at the same layout."""
+        if history:
+            raise ConfigError(
+                "cannot continue this epoch with another world size, worker count or batch size: "
+                "the source has no manifest, so the samples already read cannot be known"
+            )
         if len(self.shards) < context.world_size * context.num_workers:
             logger.warning(
                 "%d shards for %d ranks x %d workers and no manifest: some workers get no data "
                 "and ranks may see different sample counts",
-                len(self.shards),
-                context.world_size,
-                context.num_workers,
-            )
-        return plan_whole_shards(
-            len(self.shards),
-            self.epoch,
-            context.rank,
-            context.world_size,
-            context.worker,
-            context.num_workers,
-            self.plan,
+                len(self.shards), context.world_size, context.num_workers,
+            )  # fmt: skip
+        worker, taken = context.worker, consumed
+        if rotate:  # counts are unknown: assume no worker ran out before the resume point
+            counts = [consumed + 1] * context.num_workers
+            worker = (worker + next_worker(counts, consumed)) % context.num_workers
+            taken = batches_consumed_per_worker(counts, consumed)[worker]
+        pieces = plan_whole_shards(
+            len(self.shards), epoch, context.rank, context.world_size, worker,
+            context.num_workers, self.plan,
+        )  # fmt: skip
+        seed = (self.plan.seed, epoch, context.rank, worker)
+        return WorkerPlan(tuple(pieces), seed, taken * self.plan.batch_size)
+
+    # -- the Stateful protocol (per process: each DataLoader worker has its own) ---------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: epoch, earlier passes, items it yielded in this pass.
+
+        Plain values only. Called by torchdata's ``StatefulDataLoader`` in each worker (in the
+        training process without workers); restore it with :meth:`load_state_dict` in the same
+        worker of a loader with the same world size and worker count.
+        """
+        context = self.context()
+        layout = self.layout(context.num_workers)
+        if self._progress is None:
+            epoch, history, items, token = self.epoch, [], 0, 0
+        else:
+            epoch, history = self._progress["epoch"], self._progress["history"]
+            items, token = self._progress["progress"][0], self._progress["token"]
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "history": [record.as_dict() for record in history],
+            "items": items,
+            "token": token,
+            "worker": context.worker,
+            **layout.as_dict(),
+            "fingerprint": self.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make this process's next pass continue from :meth:`state_dict`.
+
+        Raises:
+            ConfigError: The state is of another version, or the seed, dataset, policy, reading
+                settings, world size, worker count or batch size differ (names the field).
+        """
+        check_version(state)
+        check_fingerprint(state["fingerprint"], self.fingerprint())
+        context = self.context()
+        check_layout(
+            layout_from_state(state),
+            self.layout(context.num_workers),
+            elastic=False,
+            allow_new_batch_size=False,
         )
+        self._pending = dict(state)
+        # Should this pass be thrown away (a loader that finished its epoch starts afresh),
+        # the next fresh pass of this worker still moves on to the following epoch.
+        self.channel.restored(context.worker, context.num_workers, int(state["epoch"]))
+
+
+def _pass_token(
+    epoch: int, directive: dict[str, Any] | None, pin_count: int, num_workers: int
+) -> int:
+    """An id of a pass that all workers of a rank agree on (to recognise a restore together)."""
+    text = json.dumps([epoch, directive, pin_count, num_workers], sort_keys=True)
+    return zlib.crc32(text.encode("utf-8")) + 1

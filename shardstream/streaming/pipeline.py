@@ -15,14 +15,14 @@ from typing import Any
 
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
 from shardstream.storage import Store
-from shardstream.streaming.interleave import Interleave
 from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, read_piece
+from shardstream.streaming.remainder import StageOptions, build_stages
 from shardstream.streaming.shardlist import ShardSpec
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import Piece
 from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
 
-__all__ = ["WorkerJob", "build_stages", "fast_forward", "guard_piece", "run_worker"]
+__all__ = ["WorkerJob", "fast_forward", "guard_piece", "run_worker"]
 
 logger = logging.getLogger("shardstream.streaming")
 
@@ -35,10 +35,8 @@ class WorkerJob:
         store: Where the shards are (reopened in each worker process).
         shards: The shards; ``Piece.shard`` indexes into it.
         pieces: Pieces to read; ``stop == -1`` means "to the end" (no manifest).
-        seed: Seed sequence ``[seed, epoch, rank, worker]``.
-        shuffle: Shuffle (random piece order, interleave, buffer) or read in plan order.
-        num_open: Pieces read at once when shuffling.
-        buffer_size: Shuffle buffer size in samples.
+        seed: Seed sequence of the stages (see :func:`remainder.worker_seed`).
+        stage: Shuffle on or off, pieces read at once, shuffle buffer size.
         skip_samples: Samples of this worker already consumed (resume).
         on_error: ``"raise"`` or ``"skip"``.
         max_member_bytes: Largest tar member read into memory.
@@ -48,9 +46,7 @@ class WorkerJob:
     shards: tuple[ShardSpec, ...]
     pieces: tuple[Piece, ...]
     seed: tuple[int, ...]
-    shuffle: bool
-    num_open: int
-    buffer_size: int
+    stage: StageOptions
     skip_samples: int = 0
     on_error: str = "raise"
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
@@ -84,17 +80,12 @@ def guard_piece(
             yield from itertools.repeat(None, count - produced)
 
 
-def build_stages(
-    job: WorkerJob, open_piece: Callable[[int, int, int], Iterator[Any]]
-) -> ShuffleBuffer:
-    """Interleave the job's pieces and put a shuffle buffer behind them."""
-    source = Interleave(job.lengths, open_piece, job.num_open, job.seed, job.shuffle)
-    return ShuffleBuffer(source, job.buffer_size if job.shuffle else 1, job.seed)
-
-
 def fast_forward(job: WorkerJob) -> dict[str, Any]:
     """The stages' state after ``job.skip_samples`` samples, found by replaying on integers."""
-    stages = build_stages(job, lambda piece, start, stop: itertools.repeat(None, stop - start))
+    stages = build_stages(
+        job.lengths, lambda piece, start, stop: itertools.repeat(None, stop - start), job.seed,
+        job.stage,
+    )  # fmt: skip
     for _ in itertools.islice(iter(stages), job.skip_samples):
         pass
     return stages.state_dict()
@@ -125,22 +116,32 @@ def run_worker(
     convert: Callable[[dict[str, Any]], Any],
     batch_size: int | None,
     collate: Callable[[Sequence[Any]], Any],
+    progress: list[int] | None = None,
 ) -> Iterator[Any]:
     """Yield converted samples (or collated batches of ``batch_size`` slots) for one worker.
 
     A batch is ``batch_size`` consecutive slots of the shuffled stream; skipped samples leave
     the batch shorter rather than shifting later batches, so every rank keeps the same number
-    of batches.
+    of batches. ``progress[0]`` counts the batches (slots without batching) handed out, for a
+    resume state taken while the worker is paused between them.
     """
     skipped = [0]
-    pool = HandlePool(job.store, max_idle=max(8, job.num_open))
+    pool = HandlePool(job.store, max_idle=max(8, job.stage.num_open))
     try:
-        stages = build_stages(job, _real_opener(job, pool, IndexCache(job.store), skipped))
-        yield from _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
+        opener = _real_opener(job, pool, IndexCache(job.store), skipped)
+        stages = build_stages(job.lengths, opener, job.seed, job.stage)
+        chunks = _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
+        yield from _counted(chunks, progress if progress is not None else [0])
     finally:
         pool.close()
     if skipped[0]:
         logger.warning("worker %s skipped %d sample(s) this epoch", job.seed[2:], skipped[0])
+
+
+def _counted(chunks: Iterator[list[Any]], progress: list[int]) -> Iterator[Any]:
+    for kept in chunks:
+        progress[0] += 1  # before handing out: a state taken at the pause includes this one
+        yield from kept
 
 
 def _slots(job: WorkerJob, stages: ShuffleBuffer) -> Iterator[Any]:
@@ -161,7 +162,8 @@ def _batches(
     collate: Callable[[Sequence[Any]], Any],
     job: WorkerJob,
     skipped: list[int],
-) -> Iterator[Any]:
+) -> Iterator[list[Any]]:
+    """Per chunk of ``batch_size`` slots (one slot without batching), what to hand out."""
     size = batch_size or 1
     while True:
         chunk = list(itertools.islice(slots, size))
@@ -170,9 +172,9 @@ def _batches(
         converted = [_convert(sample, convert, job.on_error, skipped) for sample in chunk]
         kept = [value for value in converted if value is not None]
         if batch_size is None:
-            yield from kept
+            yield kept
         elif kept:
-            yield collate(kept)
+            yield [collate(kept)]
         else:
             raise DecodeError(
                 f"all {len(chunk)} samples of one batch failed to load (see the log); an empty "

@@ -32,9 +32,11 @@ __all__ = [
     "Piece",
     "PlanOptions",
     "batches_consumed_per_worker",
+    "epoch_sequence",
     "next_worker",
     "plan_whole_shards",
     "plan_worker",
+    "plan_worker_in",
     "rank_batch_count",
     "samples_per_rank",
     "shard_order",
@@ -175,21 +177,25 @@ def next_worker(batch_counts: Sequence[int], consumed: int) -> int:
     return position % num_workers
 
 
-def _rank_pieces(
-    counts: Sequence[int], order: Sequence[int], first: int, length: int
-) -> list[Piece]:
-    """Virtual positions ``[first, first + length)`` (wrapping around) as shard pieces."""
-    total = sum(counts)
-    starts = list(itertools.accumulate((counts[s] for s in order), initial=0))
+def epoch_sequence(counts: Sequence[int], epoch: int, options: PlanOptions) -> list[Piece]:
+    """The epoch's virtual sequence: every non-empty shard, whole, in the epoch's shard order."""
+    order = shard_order(len(counts), options.seed, epoch, options.shuffle)
+    return [Piece(shard, 0, counts[shard]) for shard in order if counts[shard] > 0]
+
+
+def _wrapped_cut(sequence: Sequence[Piece], first: int, length: int) -> list[Piece]:
+    """Positions ``[first, first + length)`` of ``sequence`` laid end to end, wrapping around."""
+    total = sum(piece.num_samples for piece in sequence)
+    starts = list(itertools.accumulate((piece.num_samples for piece in sequence), initial=0))
     pieces: list[Piece] = []
     position, end = first, first + length
     while position < end:
         offset = position % total
         slot = int(np.searchsorted(starts, offset, side="right")) - 1
-        shard = order[slot]
-        start = offset - starts[slot]
-        take = min(counts[shard] - start, end - position)
-        pieces.append(Piece(shard, start, start + take))
+        piece = sequence[slot]
+        start = piece.start + offset - starts[slot]
+        take = min(piece.stop - start, end - position)
+        pieces.append(Piece(piece.shard, start, start + take))
         position += take
     return pieces
 
@@ -237,16 +243,35 @@ def plan_worker(
         >>> [p.num_samples for p in plan_worker([5, 5], 0, 0, 2, 0, 1, PlanOptions(piece_size=4))]
         [4, 1]
     """
+    if sum(counts) == 0:
+        raise ConfigError("the dataset has no samples: every shard in the manifest is empty")
+    sequence = epoch_sequence(counts, epoch, options)
+    return plan_worker_in(sequence, rank, world_size, worker, num_workers, options)
+
+
+def plan_worker_in(
+    sequence: Sequence[Piece],
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    options: PlanOptions,
+) -> list[Piece]:
+    """:func:`plan_worker` over any virtual sequence of samples (e.g. what an epoch has left).
+
+    The sequence is cut into ``world_size`` equal parts (``pad`` wraps around, ``drop`` leaves
+    out fewer than ``world_size``), each part into batch-aligned blocks dealt to workers in
+    turn, and blocks into pieces of at most ``options.piece_size`` samples.
+    """
     if not 0 <= rank < world_size or not 0 <= worker < num_workers:
         raise ConfigError(
             f"rank {rank} of {world_size} / worker {worker} of {num_workers} is out of range"
         )
-    total = sum(counts)
-    if total == 0:
-        raise ConfigError("the dataset has no samples: every shard in the manifest is empty")
+    total = sum(piece.num_samples for piece in sequence)
     per_rank = samples_per_rank(total, world_size, options.policy)
-    order = shard_order(len(counts), options.seed, epoch, options.shuffle)
-    rank_run = _rank_pieces(counts, order, rank * per_rank, per_rank)
+    if per_rank == 0:
+        return []
+    rank_run = _wrapped_cut(sequence, rank * per_rank, per_rank)
     block = _block(per_rank, num_workers, options)
     pieces: list[Piece] = []
     for block_start in range(worker * block, per_rank, num_workers * block):

@@ -1,0 +1,128 @@
+"""What the training process tells its DataLoader workers about epochs, through shared memory.
+
+A DataLoader worker holds a copy of the dataset made when the worker started; with
+``persistent_workers=True`` that copy lives for the whole run, so an attribute set later in the
+training process never reaches it. :class:`EpochChannel` keeps the few values that must reach
+every worker in two small shared-memory tensors created with the dataset, which forked and
+spawned workers alike share:
+
+- the epoch pinned by ``set_epoch`` (and a counter of such calls);
+- per worker slot, how many passes that worker has started since the pin, so each new pass
+  moves to the next epoch by itself (Lightning and plain loops never call ``set_epoch`` on an
+  IterableDataset), identically in every worker and rank;
+- a *directive* for the next pass (epoch, earlier passes of the epoch, batches already
+  consumed), posted by :class:`~shardstream.streaming.loader.StreamingDataLoader` before each
+  pass and taken once by every worker.
+
+Slots are per (number of workers, worker), so passes with another worker count, or a
+``list(dataset)`` in the training process, count separately.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from shardstream.errors import ConfigError
+
+__all__ = ["MAX_WORKERS", "EpochChannel"]
+
+#: Largest DataLoader ``num_workers`` supported (slots for every worker count up to it).
+MAX_WORKERS = 128
+_PINNED, _PIN_COUNT, _GENERATION, _LENGTH, _FIRST_SLOT = 0, 1, 2, 3, 4
+_SLOT_INTS = 3  # passes started since the pin, directive generation taken, restore report
+_NUM_SLOTS = MAX_WORKERS * (MAX_WORKERS + 1) // 2
+_DIRECTIVE_BYTES = 1 << 16
+
+
+def _slot(worker: int, num_workers: int) -> int:
+    if not 1 <= num_workers <= MAX_WORKERS:
+        raise ConfigError(f"num_workers must be at most {MAX_WORKERS}, got {num_workers}")
+    return _FIRST_SLOT + _SLOT_INTS * ((num_workers - 1) * num_workers // 2 + worker)
+
+
+class EpochChannel:
+    """Shared epoch state of one dataset object and all its DataLoader workers.
+
+    Example:
+        >>> channel = EpochChannel()
+        >>> channel.take(worker=0, num_workers=1)
+        (0, None)
+        >>> channel.take(worker=0, num_workers=1)  # the next pass moves on by itself
+        (1, None)
+        >>> channel.pin(5); channel.take(0, 1)
+        (5, None)
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._ints = torch.zeros(_FIRST_SLOT + _SLOT_INTS * _NUM_SLOTS, dtype=torch.int64)
+        self._ints.share_memory_()
+        self._text = torch.zeros(_DIRECTIVE_BYTES, dtype=torch.uint8).share_memory_()
+
+    @property
+    def pinned(self) -> int:
+        """The epoch given to the last ``pin`` (0 before any)."""
+        return int(self._ints[_PINNED])
+
+    @property
+    def pin_count(self) -> int:
+        """How many times ``pin`` was called: tells a loader that ``set_epoch`` happened."""
+        return int(self._ints[_PIN_COUNT])
+
+    def pin(self, epoch: int) -> None:
+        """The next pass of every worker reads ``epoch``; later passes count on from it."""
+        self._ints[_PINNED] = epoch
+        self._ints[_PIN_COUNT] += 1
+        self._ints[_FIRST_SLOT::_SLOT_INTS] = 0
+
+    def post(self, directive: dict[str, Any]) -> None:
+        """Make every worker's next pass follow ``directive`` (it must hold ``"epoch"``)."""
+        data = json.dumps(directive, sort_keys=True).encode("utf-8")
+        if len(data) > _DIRECTIVE_BYTES:
+            raise ConfigError(f"resume state too large for workers ({len(data)} bytes)")
+        import torch
+
+        self._text[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self._ints[_LENGTH] = len(data)
+        self._ints[_GENERATION] += 1
+
+    def take(self, worker: int, num_workers: int) -> tuple[int, dict[str, Any] | None]:
+        """Start a pass in this worker: ``(epoch, directive or None)``."""
+        slot = _slot(worker, num_workers)
+        generation = int(self._ints[_GENERATION])
+        if generation > int(self._ints[slot + 1]):
+            self._ints[slot + 1] = generation
+            length = int(self._ints[_LENGTH])
+            directive = json.loads(self._text[:length].numpy().tobytes().decode("utf-8"))
+            self.restored(worker, num_workers, int(directive["epoch"]))
+            return int(directive["epoch"]), directive
+        epoch = self.pinned + int(self._ints[slot])
+        self._ints[slot] += 1
+        return epoch, None
+
+    def restored(self, worker: int, num_workers: int, epoch: int) -> None:
+        """This worker is (re)reading ``epoch``: its next fresh pass reads ``epoch + 1``."""
+        self._ints[_slot(worker, num_workers)] = epoch + 1 - self.pinned
+
+    def report(self, worker: int, num_workers: int, token: int, done: bool) -> None:
+        """Tell the other workers whether this one has finished the restored pass ``token``."""
+        self._ints[_slot(worker, num_workers) + 2] = 2 * token + int(done)
+
+    def wait_reports(self, num_workers: int, token: int, timeout_s: float) -> list[bool] | None:
+        """Every worker's report for pass ``token`` (they restore at the same moment), or None.
+
+        Used once after a restore, to learn whether the whole rank had finished the epoch.
+        """
+        slots = [_slot(worker, num_workers) + 2 for worker in range(num_workers)]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            values = [int(self._ints[slot]) for slot in slots]
+            if all(value // 2 == token for value in values):
+                return [bool(value % 2) for value in values]
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+
