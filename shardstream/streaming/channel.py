@@ -125,4 +125,3 @@ class EpochChannel:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.001)
-

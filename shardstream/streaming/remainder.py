@@ -258,4 +258,3 @@ def last_worker(sequence: Sequence[Piece], layout: Layout, plan: PlanOptions) ->
     while counts[turn] == 0:  # the turn after the last batch skips exhausted workers
         turn = (turn - 1) % layout.num_workers
     return turn
-

@@ -304,4 +304,3 @@ def plan_whole_shards(
     slot = rank * num_workers + worker
     order = shard_order(num_shards, options.seed, epoch, options.shuffle)
     return [Piece(shard, 0, -1) for shard in order[slot::slots]]
-

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils.data import DataLoader
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.ddp import exit_rank_cleanly
@@ -18,16 +19,19 @@ from tests.streaming.shards import make_dataset
 WORLD = 3
 
 
-def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
+def _epochs(rank: int, root: str, store: str, out: str, policy: str, plain: bool) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         ds = StreamingDataset(
             root, batch_size=2, policy=policy, options=StreamOptions(output="dict")
         )
-        loader = StreamingDataLoader(ds, num_workers=2)
+        loader: DataLoader = StreamingDataLoader(ds, num_workers=2)
+        if plain:  # what many scripts do: persistent workers and no set_epoch at all
+            loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
         result = {}
         for epoch in range(2):
-            ds.set_epoch(epoch)
+            if not plain:
+                ds.set_epoch(epoch)
             keys = [key for batch in loader for key in batch["__key__"]]
             count = torch.tensor([len(keys)])
             dist.all_reduce(count, op=dist.ReduceOp.MAX)  # a hang here would mean unequal epochs
@@ -40,12 +44,14 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["pad", "drop"])
-def test_ranks_cover_the_manifest(tmp_path: pathlib.Path, policy: str) -> None:
+@pytest.mark.parametrize(
+    "policy,plain", [("pad", False), ("drop", True)], ids=["pad-streaming", "drop-plain-persistent"]
+)
+def test_ranks_cover_the_manifest(tmp_path: pathlib.Path, policy: str, plain: bool) -> None:
     root, manifest = make_dataset(tmp_path, 23, 5)
     mp.spawn(
         _epochs,
-        args=(str(root), str(tmp_path / "store"), str(tmp_path), policy),
+        args=(str(root), str(tmp_path / "store"), str(tmp_path), policy, plain),
         nprocs=WORLD,
         join=True,
     )
