@@ -34,7 +34,7 @@ from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:
     from shardstream.shardwriter import BuildOptions, build_shards
-    from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+    from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
 
 __version__ = "0.1.0"
 
@@ -55,6 +55,7 @@ __all__ = [
     "SourceError",
     "StorageError",
     "Store",
+    "Stream",
     "StreamOptions",
     "StreamingDataLoader",
     "StreamingDataset",
@@ -66,6 +67,7 @@ __all__ = [
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
+    "Stream": "shardstream.streaming",
     "StreamOptions": "shardstream.streaming",
     "StreamingDataLoader": "shardstream.streaming",
     "StreamingDataset": "shardstream.streaming",

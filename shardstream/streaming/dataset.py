@@ -6,16 +6,18 @@ import dataclasses
 import json
 import logging
 import zlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
 
 import torch.utils.data
 
 from shardstream.errors import ConfigError
+from shardstream.manifest import Manifest
 from shardstream.streaming import batch as batching
 from shardstream.streaming.channel import EpochChannel
 from shardstream.streaming.context import Context, current_context
 from shardstream.streaming.decode import SampleConverter
+from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.pipeline import WorkerJob, run_worker
 from shardstream.streaming.remainder import (
@@ -27,6 +29,7 @@ from shardstream.streaming.remainder import (
     pass_batches,
     pass_sequence,
     plan_pass_worker,
+    plan_whole_shards_worker,
 )
 from shardstream.streaming.resume import (
     STATE_VERSION,
@@ -40,9 +43,7 @@ from shardstream.streaming.shardlist import Source, resolve_source
 from shardstream.streaming.split import (
     Piece,
     PlanOptions,
-    batches_consumed_per_worker,
-    next_worker,
-    plan_whole_shards,
+    epoch_sequence,
     rank_batch_count,
     samples_per_rank,
 )
@@ -63,8 +64,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     dealt to ranks and workers.
 
     Args:
-        source: Dataset folder/URL with ``manifest.json``, a brace pattern of shard URLs, or a
-            list of shard URLs.
+        source: Dataset folder/URL with ``manifest.json``, a brace pattern of shard URLs, a
+            list of shard URLs, or a list of :class:`Stream` (a mixture, see
+            :mod:`shardstream.streaming.mixture`).
         shuffle: Shuffle shard order, pieces and samples per epoch (seeded; see ``set_epoch``).
         seed: Seed of every random choice; identical on every rank.
         decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor) or ``f(bytes, ext)``.
@@ -79,6 +81,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         on_error: ``"raise"`` (default) or ``"skip"`` corrupt samples and truncated shards,
             logging and counting them.
         options: Less common settings, see :class:`StreamOptions`.
+        epoch_size: Samples per epoch over all ranks, for a mixture with proportions.
 
     Epochs: each new pass over the dataset moves to the next epoch by itself (new shard order
     and shuffles), whatever loader runs it and whether its workers persist; ``set_epoch(n)``
@@ -95,7 +98,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        source: Source,
+        source: Source | Stream | Sequence[Stream],
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -105,6 +108,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         policy: str = "pad",
         on_error: str = "raise",
         options: StreamOptions | None = None,
+        epoch_size: int | None = None,
     ) -> None:
         self.options = options or StreamOptions()
         if on_error not in ("raise", "skip"):
@@ -113,9 +117,19 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
         )
         self.stage = StageOptions(shuffle, self.options.num_open, self.options.shuffle_buffer)
-        self.store, self.shards, self.manifest = resolve_source(
-            source, self.options.storage_options, self.options.read_options
-        )
+        self.mixture: Mixture | None = None
+        self.manifest: Manifest | None = None
+        streams = [source] if isinstance(source, Stream) else source
+        if isinstance(streams, (list, tuple)) and any(isinstance(s, Stream) for s in streams):
+            self.mixture = Mixture(_only_streams(streams), epoch_size, seed)
+            self.stores, self.shards = tuple(self.mixture.stores), tuple(self.mixture.shards)
+        else:
+            if epoch_size is not None:
+                raise ConfigError("epoch_size is for mixtures of Stream(...) sources")
+            store, self.shards, self.manifest = resolve_source(
+                cast(Source, source), self.options.storage_options, self.options.read_options
+            )
+            self.stores = (store,)
         self.convert = SampleConverter(
             decode, transform, self.options.output, self.options.allow_pickle
         )
@@ -166,6 +180,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             "policy": self.plan.policy,
             "num_shards": len(self.shards),
             "num_samples": self.manifest.num_samples if self.manifest else None,
+            "mixture": self.mixture.fingerprint() if self.mixture else None,
             "shuffle_buffer": self.options.shuffle_buffer,
             "num_open": self.options.num_open,
             "piece_size": self.options.piece_size,
@@ -189,7 +204,14 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._num_samples()
         return pass_batches(self._sequence(epoch, history), layout, self.plan)
 
+    @property
+    def counted(self) -> bool:
+        """Whether sample counts are known (a manifest, or a mixture of datasets with them)."""
+        return self.manifest is not None or self.mixture is not None
+
     def _num_samples(self) -> int:
+        if self.mixture is not None:
+            return self.mixture.epoch_size
         if self.manifest is None:
             raise TypeError(
                 "this StreamingDataset has no manifest (it reads a shard pattern or URL list), so "
@@ -202,9 +224,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """The pass's virtual sequence; a resumed one is found by replay, so it is kept."""
         key = (epoch, tuple(history))
         if key not in self._sequences:
-            counts = [spec.num_samples or 0 for spec in self.shards]
-            self._sequences = {key: pass_sequence(counts, epoch, history, self.plan, self.stage)}
+            base = self._epoch_sequence(epoch)
+            self._sequences = {key: pass_sequence(base, epoch, history, self.plan, self.stage)}
         return self._sequences[key]
+
+    def _epoch_sequence(self, epoch: int) -> list[Piece]:
+        """What a fresh pass of ``epoch`` reads, in order: whole shards, or a mixture."""
+        if self.mixture is not None:
+            return self.mixture.epoch_sequence(epoch, self.plan)
+        counts = [spec.num_samples or 0 for spec in self.shards]
+        return epoch_sequence(counts, epoch, self.plan)
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -222,7 +251,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         progress = [plan.skip_samples // self.plan.batch_size]
         self._progress = {"epoch": epoch, "history": history, "progress": progress, "token": token}
         job = WorkerJob(
-            store=self.store,
+            stores=self.stores,
             shards=self.shards,
             pieces=plan.pieces,
             seed=plan.seed,
@@ -230,6 +259,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             skip_samples=plan.skip_samples,
             on_error=self.on_error,
             max_member_bytes=self.options.max_member_bytes,
+            tag_streams=self.mixture is not None,
         )
         collate = (
             batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
@@ -249,7 +279,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         token = int(state["token"])
         plan = self._worker_plan(context, epoch, history, items, False)
         rank_done = False
-        if self.manifest is not None:
+        if self.counted:
             samples = sum(piece.num_samples for piece in plan.pieces)
             done = items >= -(-samples // self.plan.batch_size)
             rank_done = done
@@ -275,40 +305,22 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self, context: Context, epoch: int, history: list[PassRecord], consumed: int, rotate: bool
     ) -> WorkerPlan:
         layout = self.layout(context.num_workers)
-        if self.manifest is None:
-            return self._whole_shards_plan(context, epoch, history, consumed, rotate)
+        if not self.counted:
+            if len(self.shards) < context.world_size * context.num_workers:
+                logger.warning(
+                    "%d shards for %d ranks x %d workers and no manifest: some workers get no "
+                    "data and ranks may see different sample counts",
+                    len(self.shards), context.world_size, context.num_workers,
+                )  # fmt: skip
+            return plan_whole_shards_worker(
+                len(self.shards), epoch, history, context.rank, context.worker, layout,
+                self.plan, consumed, rotate,
+            )  # fmt: skip
         sequence = self._sequence(epoch, history)
         return plan_pass_worker(
             sequence, epoch, len(history), context.rank, context.worker, layout, self.plan,
             consumed, rotate,
         )  # fmt: skip
-
-    def _whole_shards_plan(
-        self, context: Context, epoch: int, history: list[PassRecord], consumed: int, rotate: bool
-    ) -> WorkerPlan:
-        """Sources without a manifest: whole shards, resumed only at the same layout."""
-        if history:
-            raise ConfigError(
-                "cannot continue this epoch with another world size, worker count or batch size: "
-                "the source has no manifest, so the samples already read cannot be known"
-            )
-        if len(self.shards) < context.world_size * context.num_workers:
-            logger.warning(
-                "%d shards for %d ranks x %d workers and no manifest: some workers get no data "
-                "and ranks may see different sample counts",
-                len(self.shards), context.world_size, context.num_workers,
-            )  # fmt: skip
-        worker, taken = context.worker, consumed
-        if rotate:  # counts are unknown: assume no worker ran out before the resume point
-            counts = [consumed + 1] * context.num_workers
-            worker = (worker + next_worker(counts, consumed)) % context.num_workers
-            taken = batches_consumed_per_worker(counts, consumed)[worker]
-        pieces = plan_whole_shards(
-            len(self.shards), epoch, context.rank, context.world_size, worker,
-            context.num_workers, self.plan,
-        )  # fmt: skip
-        seed = (self.plan.seed, epoch, context.rank, worker)
-        return WorkerPlan(tuple(pieces), seed, taken * self.plan.batch_size)
 
     # -- the Stateful protocol (per process: each DataLoader worker has its own) ---------------
 
@@ -365,3 +377,9 @@ def _pass_token(
     """An id of a pass that all workers of a rank agree on (to recognise a restore together)."""
     text = json.dumps([epoch, directive, pin_count, num_workers], sort_keys=True)
     return zlib.crc32(text.encode("utf-8")) + 1
+
+
+def _only_streams(items: Sequence[Any]) -> list[Stream]:
+    if not all(isinstance(item, Stream) for item in items):
+        raise ConfigError("a mixture takes Stream(...) items only; wrap every source in a Stream")
+    return list(items)

@@ -67,7 +67,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         return self.dataset.layout(self.num_workers)
 
     def _pass_batches(self) -> int | None:
-        if self.dataset.manifest is None or self._epoch is None:
+        if not self.dataset.counted or self._epoch is None:
             return None
         return self.dataset.pass_batches(self._epoch, self._history, self._layout())
 

@@ -32,17 +32,19 @@ class WorkerJob:
     """Everything one worker needs for one epoch (plain values, cheap to build).
 
     Attributes:
-        store: Where the shards are (reopened in each worker process).
-        shards: The shards; ``Piece.shard`` indexes into it.
+        stores: Where the shards are (reopened in each worker process).
+        shards: The shards; ``Piece.shard`` indexes into it, ``ShardSpec.store`` into
+            ``stores``.
         pieces: Pieces to read; ``stop == -1`` means "to the end" (no manifest).
         seed: Seed sequence of the stages (see :func:`remainder.worker_seed`).
         stage: Shuffle on or off, pieces read at once, shuffle buffer size.
         skip_samples: Samples of this worker already consumed (resume).
         on_error: ``"raise"`` or ``"skip"``.
         max_member_bytes: Largest tar member read into memory.
+        tag_streams: Add ``__stream__`` (the shard's store number) to every sample.
     """
 
-    store: Store
+    stores: tuple[Store, ...]
     shards: tuple[ShardSpec, ...]
     pieces: tuple[Piece, ...]
     seed: tuple[int, ...]
@@ -50,6 +52,7 @@ class WorkerJob:
     skip_samples: int = 0
     on_error: str = "raise"
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    tag_streams: bool = False
 
     @property
     def lengths(self) -> list[int | None]:
@@ -92,7 +95,7 @@ def fast_forward(job: WorkerJob) -> dict[str, Any]:
 
 
 def _real_opener(
-    job: WorkerJob, pool: HandlePool, indexes: IndexCache, skipped: list[int]
+    job: WorkerJob, pools: list[HandlePool], indexes: list[IndexCache], skipped: list[int]
 ) -> Callable[..., Iterator[Any]]:
     index = OffsetIndex()
 
@@ -102,10 +105,13 @@ def _real_opener(
         end = None if stop < 0 else piece.start + stop
         offsets = None
         if shard.index is not None and not is_gzip_name(shard.name):
-            offsets = indexes.get(shard.index, shard.num_samples, shard.num_bytes)
+            offsets = indexes[shard.store].get(shard.index, shard.num_samples, shard.num_bytes)
+        pool = pools[shard.store]
         samples = read_piece(
             pool, shard.name, piece.start + start, end, index, offsets, job.max_member_bytes
         )
+        if job.tag_streams:
+            samples = _tagged(samples, shard.store)
         return guard_piece(samples, None if end is None else stop - start, job.on_error, skipped)
 
     return open_piece
@@ -126,16 +132,24 @@ def run_worker(
     resume state taken while the worker is paused between them.
     """
     skipped = [0]
-    pool = HandlePool(job.store, max_idle=max(8, job.stage.num_open))
+    idle = max(8, job.stage.num_open)
+    pools = [HandlePool(store, max_idle=idle) for store in job.stores]
     try:
-        opener = _real_opener(job, pool, IndexCache(job.store), skipped)
+        opener = _real_opener(job, pools, [IndexCache(store) for store in job.stores], skipped)
         stages = build_stages(job.lengths, opener, job.seed, job.stage)
         chunks = _batches(_slots(job, stages), convert, batch_size, collate, job, skipped)
         yield from _counted(chunks, progress if progress is not None else [0])
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
     if skipped[0]:
         logger.warning("worker %s skipped %d sample(s) this epoch", job.seed[2:], skipped[0])
+
+
+def _tagged(samples: Iterator[Any], stream: int) -> Iterator[Any]:
+    for sample in samples:
+        sample["__stream__"] = stream
+        yield sample
 
 
 def _counted(chunks: Iterator[list[Any]], progress: list[int]) -> Iterator[Any]:

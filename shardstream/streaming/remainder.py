@@ -23,15 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.errors import ConfigError
 from shardstream.streaming.interleave import Interleave
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import (
     Piece,
     PlanOptions,
     batches_consumed_per_worker,
-    epoch_sequence,
     next_worker,
+    plan_whole_shards,
     plan_worker_in,
+    plan_worker_placed,
     samples_per_rank,
     worker_batch_counts,
     worker_sample_counts,
@@ -43,11 +45,12 @@ __all__ = [
     "StageOptions",
     "WorkerPlan",
     "build_stages",
-    "consumed_samples",
+    "consumed_positions",
     "last_worker",
     "pass_batches",
     "pass_sequence",
     "plan_pass_worker",
+    "plan_whole_shards_worker",
     "worker_seed",
 ]
 
@@ -110,25 +113,24 @@ def build_stages(
 
 
 def _replay(
-    pieces: Sequence[Piece], seed: Sequence[int], stage: StageOptions, count: int
-) -> Iterator[tuple[int, int]]:
-    """The first ``count`` samples ``(shard, index)`` a worker yields, found without reading."""
-    lengths = [piece.num_samples for piece in pieces]
+    placed: Sequence[tuple[Piece, int]], seed: Sequence[int], stage: StageOptions, count: int
+) -> Iterator[int]:
+    """Sequence positions of the first ``count`` samples a worker yields, found without reading."""
+    lengths = [piece.num_samples for piece, _ in placed]
     stages = build_stages(lengths, lambda p, a, b: itertools.repeat(None, b - a), seed, stage)
     for (number, ordinal), _ in itertools.islice(iter(stages), count):
-        piece = pieces[number]
-        yield piece.shard, piece.start + ordinal
+        yield placed[number][1] + ordinal
 
 
-def consumed_samples(
+def consumed_positions(
     sequence: Sequence[Piece],
     record: PassRecord,
     epoch: int,
     pass_index: int,
     plan: PlanOptions,
     stage: StageOptions,
-) -> Iterator[tuple[int, int]]:
-    """Every ``(shard, index)`` the ranks consumed in a pass over ``sequence`` (repeats too)."""
+) -> np.ndarray:
+    """Which positions of ``sequence`` the ranks consumed in a pass over it (a bool mask)."""
     layout = record.layout
     plan = dataclasses.replace(plan, batch_size=layout.batch_size)
     total = sum(piece.num_samples for piece in sequence)
@@ -136,20 +138,23 @@ def consumed_samples(
     batch_counts = worker_batch_counts(per_rank, layout.num_workers, plan)
     sample_counts = worker_sample_counts(per_rank, layout.num_workers, plan)
     taken = batches_consumed_per_worker(batch_counts, record.consumed_batches)
+    consumed = np.zeros(total, dtype=bool)
     for rank in range(layout.world_size):
         for worker in range(layout.num_workers):
             count = min(taken[worker] * layout.batch_size, sample_counts[worker])
             if count == 0:
                 continue
-            pieces = plan_worker_in(
+            placed = plan_worker_placed(
                 sequence, rank, layout.world_size, worker, layout.num_workers, plan
             )
             seed = worker_seed(plan.seed, epoch, rank, worker, pass_index)
-            yield from _replay(pieces, seed, stage, count)
+            positions = np.fromiter(_replay(placed, seed, stage, count), dtype=np.int64)
+            consumed[positions % total] = True  # pad wraps around to the start
+    return consumed
 
 
 def pass_sequence(
-    counts: Sequence[int],
+    base: Sequence[Piece],
     epoch: int,
     history: Sequence[PassRecord],
     plan: PlanOptions,
@@ -157,38 +162,34 @@ def pass_sequence(
 ) -> list[Piece]:
     """The virtual sequence of the pass that follows ``history`` within ``epoch``.
 
-    With no history it is the whole epoch. Otherwise it is every sample of the last pass's
-    sequence that no pass consumed, as runs of consecutive samples in the epoch's order.
+    ``base`` is the epoch's whole sequence (what a fresh pass reads). After earlier passes,
+    it is every position of the last pass's sequence that no rank consumed, as runs in the
+    same order; positions, not samples, so a sample that an epoch holds twice (a mixture that
+    repeats a small stream) is read twice.
 
     Example:
         >>> plan, stage = PlanOptions(shuffle=False), StageOptions(False, 1, 1)
         >>> first = PassRecord(Layout(1, 1, 2), consumed_batches=1)
-        >>> pass_sequence([3, 2], 0, [first], plan, stage)
+        >>> pass_sequence([Piece(0, 0, 3), Piece(1, 0, 2)], 0, [first], plan, stage)
         [Piece(shard=0, start=2, stop=3), Piece(shard=1, start=0, stop=2)]
     """
-    sequence = epoch_sequence(counts, epoch, plan)
-    if not history:
-        return sequence
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    left = np.zeros(int(offsets[-1]), dtype=bool)
-    for piece in sequence:
-        left[offsets[piece.shard] + piece.start : offsets[piece.shard] + piece.stop] = True
+    sequence = list(base)
     for index, record in enumerate(history):
-        pass_pieces = sequence if index == 0 else _runs(sequence, left, offsets)
-        for shard, ordinal in consumed_samples(pass_pieces, record, epoch, index, plan, stage):
-            left[offsets[shard] + ordinal] = False
-    return _runs(sequence, left, offsets)
+        consumed = consumed_positions(sequence, record, epoch, index, plan, stage)
+        sequence = _runs_left(sequence, consumed)
+    return sequence
 
 
-def _runs(sequence: Sequence[Piece], left: np.ndarray, offsets: np.ndarray) -> list[Piece]:
-    """The samples still ``left``, as runs in the order of ``sequence``."""
+def _runs_left(sequence: Sequence[Piece], consumed: np.ndarray) -> list[Piece]:
+    """The positions of ``sequence`` not ``consumed``, as runs in the same order."""
     runs: list[Piece] = []
+    position = 0
     for piece in sequence:
-        base = int(offsets[piece.shard])
-        mask = left[base + piece.start : base + piece.stop].astype(np.int8)
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+        left = ~consumed[position : position + piece.num_samples]
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], left.astype(np.int8), [0]])))
         for begin, end in zip(edges[::2], edges[1::2], strict=True):
             runs.append(Piece(piece.shard, piece.start + int(begin), piece.start + int(end)))
+        position += piece.num_samples
     return runs
 
 
@@ -258,3 +259,39 @@ def last_worker(sequence: Sequence[Piece], layout: Layout, plan: PlanOptions) ->
     while counts[turn] == 0:  # the turn after the last batch skips exhausted workers
         turn = (turn - 1) % layout.num_workers
     return turn
+
+
+def plan_whole_shards_worker(
+    num_shards: int,
+    epoch: int,
+    history: Sequence[PassRecord],
+    rank: int,
+    worker: int,
+    layout: Layout,
+    plan: PlanOptions,
+    consumed: int = 0,
+    rotate: bool = True,
+) -> WorkerPlan:
+    """:func:`plan_pass_worker` for sources without a manifest: whole shards, same layout.
+
+    Counts are unknown, so a resume assumes no worker ran out before the resume point, and an
+    epoch cannot continue at another layout.
+
+    Raises:
+        ConfigError: ``history`` is not empty (a restart at another layout).
+    """
+    if history:
+        raise ConfigError(
+            "cannot continue this epoch with another world size, worker count or batch size: "
+            "the source has no manifest, so the samples already read cannot be known"
+        )
+    taken = consumed
+    if rotate:
+        counts = [consumed + 1] * layout.num_workers
+        worker = (worker + next_worker(counts, consumed)) % layout.num_workers
+        taken = batches_consumed_per_worker(counts, consumed)[worker]
+    pieces = plan_whole_shards(
+        num_shards, epoch, rank, layout.world_size, worker, layout.num_workers, plan
+    )
+    seed = worker_seed(plan.seed, epoch, rank, worker, 0)
+    return WorkerPlan(tuple(pieces), seed, taken * plan.batch_size)

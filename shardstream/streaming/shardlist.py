@@ -27,12 +27,14 @@ class ShardSpec:
         num_samples: Samples in the shard from the manifest, or None when unknown.
         index: The name of the shard's byte-offset index (from the manifest), or None.
         num_bytes: The shard's size in bytes from the manifest, or None when unknown.
+        store: Which of the dataset's stores holds it (its stream, in a mixture).
     """
 
     name: str
     num_samples: int | None = None
     index: str | None = None
     num_bytes: int | None = None
+    store: int = 0
 
 
 def resolve_source(

@@ -32,11 +32,13 @@ __all__ = [
     "Piece",
     "PlanOptions",
     "batches_consumed_per_worker",
+    "cut_sequence",
     "epoch_sequence",
     "next_worker",
     "plan_whole_shards",
     "plan_worker",
     "plan_worker_in",
+    "plan_worker_placed",
     "rank_batch_count",
     "samples_per_rank",
     "shard_order",
@@ -183,11 +185,14 @@ def epoch_sequence(counts: Sequence[int], epoch: int, options: PlanOptions) -> l
     return [Piece(shard, 0, counts[shard]) for shard in order if counts[shard] > 0]
 
 
-def _wrapped_cut(sequence: Sequence[Piece], first: int, length: int) -> list[Piece]:
+Placed = tuple[Piece, int]  # a piece and the virtual position of its first sample
+
+
+def _wrapped_cut(sequence: Sequence[Piece], first: int, length: int) -> list[Placed]:
     """Positions ``[first, first + length)`` of ``sequence`` laid end to end, wrapping around."""
     total = sum(piece.num_samples for piece in sequence)
     starts = list(itertools.accumulate((piece.num_samples for piece in sequence), initial=0))
-    pieces: list[Piece] = []
+    pieces: list[Placed] = []
     position, end = first, first + length
     while position < end:
         offset = position % total
@@ -195,24 +200,31 @@ def _wrapped_cut(sequence: Sequence[Piece], first: int, length: int) -> list[Pie
         piece = sequence[slot]
         start = piece.start + offset - starts[slot]
         take = min(piece.stop - start, end - position)
-        pieces.append(Piece(piece.shard, start, start + take))
+        pieces.append((Piece(piece.shard, start, start + take), offset))
         position += take
     return pieces
 
 
-def _cut(pieces: Sequence[Piece], first: int, length: int) -> list[Piece]:
-    """Positions ``[first, first + length)`` of a run of pieces laid end to end."""
-    result: list[Piece] = []
+def _cut(pieces: Sequence[Placed], first: int, length: int) -> list[Placed]:
+    """Positions ``[first, first + length)`` of a run of placed pieces laid end to end."""
+    result: list[Placed] = []
     position = 0
-    for piece in pieces:
+    for piece, placed_at in pieces:
         lo, hi = max(first, position), min(first + length, position + piece.num_samples)
         if lo < hi:
             offset = piece.start - position
-            result.append(Piece(piece.shard, lo + offset, hi + offset))
+            cut = Piece(piece.shard, lo + offset, hi + offset)
+            result.append((cut, placed_at + lo - position))
         position += piece.num_samples
         if position >= first + length:
             break
     return result
+
+
+def cut_sequence(sequence: Sequence[Piece], first: int, length: int) -> list[Piece]:
+    """Positions ``[first, first + length)`` of ``sequence`` laid end to end (no wrapping)."""
+    placed = [(piece, 0) for piece in sequence]
+    return [piece for piece, _ in _cut(placed, first, length)]
 
 
 def plan_worker(
@@ -263,6 +275,19 @@ def plan_worker_in(
     out fewer than ``world_size``), each part into batch-aligned blocks dealt to workers in
     turn, and blocks into pieces of at most ``options.piece_size`` samples.
     """
+    placed = plan_worker_placed(sequence, rank, world_size, worker, num_workers, options)
+    return [piece for piece, _ in placed]
+
+
+def plan_worker_placed(
+    sequence: Sequence[Piece],
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    options: PlanOptions,
+) -> list[Placed]:
+    """:func:`plan_worker_in` with each piece's position in ``sequence`` (for replays)."""
     if not 0 <= rank < world_size or not 0 <= worker < num_workers:
         raise ConfigError(
             f"rank {rank} of {world_size} / worker {worker} of {num_workers} is out of range"
@@ -273,13 +298,12 @@ def plan_worker_in(
         return []
     rank_run = _wrapped_cut(sequence, rank * per_rank, per_rank)
     block = _block(per_rank, num_workers, options)
-    pieces: list[Piece] = []
+    pieces: list[Placed] = []
     for block_start in range(worker * block, per_rank, num_workers * block):
-        for piece in _cut(rank_run, block_start, min(block, per_rank - block_start)):
+        for piece, placed_at in _cut(rank_run, block_start, min(block, per_rank - block_start)):
             for start in range(piece.start, piece.stop, options.piece_size):
-                pieces.append(
-                    Piece(piece.shard, start, min(start + options.piece_size, piece.stop))
-                )
+                stop = min(start + options.piece_size, piece.stop)
+                pieces.append((Piece(piece.shard, start, stop), placed_at + start - piece.start))
     return pieces
 
 
