@@ -7,9 +7,9 @@ instead of one pickle per sample or pickled image bytes:
   ``default_collate`` does in workers), so the training process copies nothing;
 - raw (undecoded) images are packed into ONE flat ``uint8`` shared-memory tensor and handed out
   as a list of 1-D ``uint8`` views into it (:class:`ByteViews`): the storage crosses the queue
-  once and each view carries only offsets. The views feed
-  ``torchvision.io.decode_jpeg(views, device="cuda")`` directly; ``bytes(view.numpy())`` gives
-  the original bytes back.
+  once and each view carries only offsets. The views feed GPU JPEG decoders (TorchCodec's
+  ``decode_jpeg(view, device="cuda")``) directly; ``bytes(view.numpy())`` gives the original
+  bytes back.
 """
 
 from __future__ import annotations
