@@ -1,11 +1,19 @@
-"""Loading benchmark: torchvision ImageFolder vs webdataset vs shardstream vs the decode limit.
+"""Loading benchmark: ImageFolder vs webdataset vs DALI CPU vs shardstream vs the decode limit.
 
 One ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) is packed once with
 shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch
 in a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode)
-and "train" (decode + RandomResizedCrop(224) + flip + float tensor). "limit" decodes and
-transforms bytes already in memory in a tight loop (one core; scaled by the worker count for
-ratios). Peak memory is the sum of RSS over the process and its DataLoader workers, sampled.
+and "train" (decode + RandomResizedCrop(224) + flip + float tensor normalised with ImageNet's
+mean and std). "limit" decodes and transforms bytes already in memory in a tight loop (one core;
+scaled by the worker count for ratios). Peak memory is the sum of RSS over the process and its
+DataLoader workers, sampled. CPU ms/sample is the CPU time (user + system) of the row's whole
+process tree, DataLoader workers and DALI threads included, per sample.
+
+Train mode also runs NVIDIA DALI's CPU pipeline on the same shards (``benchmarks/_dali.py``; it
+needs ``pip install nvidia-dali-cuda130`` and is skipped with a note otherwise), with as many
+DALI threads as DataLoader workers (at least 1). When ``nvidia-nvimgcodec-cu13`` is installed,
+shardstream runs twice: "shardstream" with it hidden (the default install: Pillow/torchvision
+decode) and "shardstream[fastjpeg]" with its crop-window JPEG decode.
 Also: start-up at many tiny samples (time to first batch, memory) against ImageFolder's
 construction, a cold-cache row (page cache dropped; needs root) and class mix per batch.
 
@@ -27,10 +35,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import contextlib
+import importlib.util
+import resource
 
+from _dali import dali_version, run_dali_epoch, write_dali_indexes
 from _data import DATA_ROOT, imagenet_like, tiny_tree
 
 BATCH = 64
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+LABELS = {"shardstream-fastjpeg": "shardstream[fastjpeg]", "dali": "DALI CPU"}
+
+
+def cpu_seconds() -> float:
+    """User + system CPU time of this process and of its children that have been waited for."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 class PeakRss:
@@ -75,6 +97,7 @@ def transform_for(mode: str):  # type: ignore[no-untyped-def]
             v2.RandomHorizontalFlip(),
             v2.PILToTensor(),
             v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(MEAN, STD),
         ]
     )
 
@@ -118,10 +141,15 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
 
 
 def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
-    """One epoch of one row: samples/s, time to first batch, peak memory."""
+    """One epoch of one row: samples/s, time to first batch, peak memory, CPU ms/sample."""
     if row == "limit":
         return run_limit(mode, paths)
+    if row == "dali":
+        return run_dali(workers, paths)
+    if row == "shardstream":  # the default install: no crop-window decode (forked workers too)
+        sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     memory = PeakRss()
+    cpu = cpu_seconds()
     start = time.perf_counter()
     loader = make_loader(row, mode, workers, paths)
     first, count = None, 0
@@ -136,7 +164,28 @@ def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
             else len(batch)
         )
     seconds = time.perf_counter() - start
-    return {"samples": count, "per_s": count / seconds, "first_s": first, "mb": memory.stop()}
+    del loader  # its workers have exited and been joined: their CPU time is in RUSAGE_CHILDREN
+    return {
+        "samples": count,
+        "per_s": count / seconds,
+        "first_s": first,
+        "mb": memory.stop(),
+        "cpu_ms": (cpu_seconds() - cpu) / max(count, 1) * 1000,
+    }
+
+
+def run_dali(workers: int, paths: dict) -> dict:
+    """One epoch of DALI's CPU pipeline with ``max(1, workers)`` threads."""
+    memory = PeakRss()
+    cpu = cpu_seconds()
+    r = run_dali_epoch(paths["dali_tars"], paths["dali_indexes"], BATCH, max(1, workers))
+    return {
+        "samples": r["samples"],
+        "per_s": r["samples"] / r["seconds"],
+        "first_s": r["first_s"],
+        "mb": memory.stop(),
+        "cpu_ms": (cpu_seconds() - cpu) / max(r["samples"], 1) * 1000,
+    }
 
 
 def run_limit(mode: str, paths: dict) -> dict:
@@ -148,6 +197,7 @@ def run_limit(mode: str, paths: dict) -> dict:
     blobs = [f.read_bytes() for f in files]
     transform = transform_for(mode)
     memory = PeakRss()
+    cpu = cpu_seconds()
     start = time.perf_counter()
     for data in blobs:
         if mode == "raw":
@@ -159,6 +209,7 @@ def run_limit(mode: str, paths: dict) -> dict:
         "per_s": len(blobs) / seconds,
         "first_s": 0.0,
         "mb": memory.stop(),
+        "cpu_ms": (cpu_seconds() - cpu) / len(blobs) * 1000,
     }
 
 
@@ -211,6 +262,9 @@ def startup(row: str, paths: dict) -> dict:
 def warm_page_cache(row: str, paths: dict) -> None:
     """Read the row's files once, so that every warm row starts from the same (cached) state."""
     root = Path(paths["images"] if row in ("imagefolder", "limit") else paths["shards"])
+    if row == "dali":
+        root = Path(paths["dali_indexes"][0]).parent  # the indexes; the shards are read below
+        warm_page_cache("shardstream", paths)
     for path in root.rglob("*"):
         if path.is_file():
             with open(path, "rb", buffering=0) as stream:
@@ -219,11 +273,19 @@ def warm_page_cache(row: str, paths: dict) -> None:
 
 
 def child(task: dict) -> dict:
-    import torch.utils.data  # noqa: F401 - imports are not part of any row's time
+    import torch
+    import torch.utils.data  # imports are not part of any row's time
     import torchvision.datasets  # noqa: F401
     import webdataset  # noqa: F401
 
     import shardstream.streaming  # noqa: F401
+
+    if task.get("row") == "dali":
+        import nvidia.dali  # noqa: F401
+
+    # One torch thread, as in DataLoader workers: in the main process (0 workers, "limit") torch's
+    # default of one thread per core only adds spinning on these small tensors.
+    torch.set_num_threads(1)
 
     kind = task["kind"]
     if kind == "epoch":
@@ -287,7 +349,30 @@ def prepare(args: argparse.Namespace) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             build_shards(tiny, dest, workers=2)
         paths.update(tiny=str(tiny), tiny_shards=str(dest))
+    if dali_version() and "train" in args.modes:
+        shards = Path(paths["shards"])
+        tars, indexes = write_dali_indexes(shards, shards.with_name(shards.name + "-dali-index"))
+        paths.update(dali_tars=tars, dali_indexes=indexes)
     return paths
+
+
+def has_nvimgcodec() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ImportError:  # no "nvidia" package at all
+        return False
+
+
+def rows_for(mode: str, paths: dict) -> list[str]:
+    """The loaders measured in ``mode``: DALI in train mode when installed, shardstream with
+    and without nvImageCodec when it is installed."""
+    rows = ["imagefolder", "webdataset"]
+    if mode == "train" and "dali_tars" in paths:
+        rows.append("dali")
+    rows.append("shardstream")
+    if mode == "train" and has_nvimgcodec():
+        rows.append("shardstream-fastjpeg")
+    return rows
 
 
 def main() -> None:
@@ -298,6 +383,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--modes", nargs="+", default=["raw", "train"])
     parser.add_argument("--repeat", type=int, default=3, help="runs per row (median kept)")
+    parser.add_argument("--no-extra", action="store_true", help="skip the table of extra rows")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -308,35 +394,45 @@ def main() -> None:
         f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
         f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row\n"
     )
+    if "train" in args.modes and "dali_tars" not in paths:
+        print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")
     print(
-        "| mode | workers | loader | samples/s | vs limit | vs ImageFolder | first batch s "
-        "| peak MB |\n|---|---|---|---|---|---|---|---|"
+        "| mode | workers | loader | samples/s | vs limit | vs ImageFolder | vs DALI CPU "
+        "| CPU ms/sample | first batch s | peak MB |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for mode in args.modes:
         limit = spawn({"kind": "epoch", "row": "limit", "mode": mode, "workers": 0, "paths": paths})
         for workers in args.workers:
-            base = None
-            for row in ("imagefolder", "webdataset", "shardstream"):
-                r = spawn(
-                    {"kind": "epoch", "row": row, "mode": mode, "workers": workers, "paths": paths},
-                    repeat=args.repeat,
-                )
-                if "error" in r:
-                    print(f"| {mode} | {workers} | {row} | error: {r['error']} |||||")
-                    continue
-                base = base or r["per_s"]
-                cap = limit.get("per_s", 0) * max(1, workers) if mode == "train" else 0
-                vs_limit = f"{r['per_s'] / cap:.2f}" if cap else "-"
-                print(
-                    f"| {mode} | {workers} | {row} | {r['per_s']:.0f} | {vs_limit} | "
-                    f"{r['per_s'] / base:.2f} | {r['first_s']:.2f} | {r['mb']:.0f} |"
-                )
+            results = {}
+            for row in rows_for(mode, paths):
+                task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
+                results[row] = spawn({**task, "paths": paths}, repeat=args.repeat)
+            print_rows(mode, workers, results, limit)
         if mode == "train":
             print(
                 f"| {mode} | - | limit (1 core) | {limit.get('per_s', 0):.0f} | 1.00 | - | - | "
-                f"{limit.get('mb', 0):.0f} |"
+                f"{limit.get('cpu_ms', 0):.2f} | - | {limit.get('mb', 0):.0f} |"
             )
-    report_extra(args, paths)
+    if not args.no_extra:
+        report_extra(args, paths)
+
+
+def print_rows(mode: str, workers: int, results: dict, limit: dict) -> None:
+    """One table row per loader, with ratios to the limit, ImageFolder and DALI CPU."""
+    base = results.get("imagefolder", {}).get("per_s")
+    dali = results.get("dali", {}).get("per_s")
+    cap = limit.get("per_s", 0) * max(1, workers) if mode == "train" else 0
+    for row, r in results.items():
+        name = LABELS.get(row, row)
+        if "error" in r:
+            print(f"| {mode} | {workers} | {name} | error: {r['error']} |||||||")
+            continue
+        ratios = [r["per_s"] / x if x else None for x in (cap, base, dali)]
+        vs = " | ".join("-" if x is None else f"{x:.2f}" for x in ratios)
+        print(
+            f"| {mode} | {workers} | {name} | {r['per_s']:.0f} | {vs} | {r['cpu_ms']:.2f} | "
+            f"{r['first_s']:.2f} | {r['mb']:.0f} |"
+        )
 
 
 def report_extra(args: argparse.Namespace, paths: dict) -> None:
