@@ -10,6 +10,9 @@ instead of one pickle per sample or pickled image bytes:
   once and each view carries only offsets. The views feed GPU JPEG decoders (TorchCodec's
   ``decode_jpeg(view, device="cuda")``) directly; ``bytes(view.numpy())`` gives the original
   bytes back.
+
+In workers, that shared memory is a small set of buffers each worker reuses once the training
+process has freed a batch (:mod:`shardstream.streaming.shmpool`), not a new segment per batch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.streaming import shmpool
 from shardstream.streaming.context import in_worker
+
+DEFAULT_BUFFERS = 6  # per worker: queued batches (prefetch 2), one in use, one being pinned
 
 __all__ = ["ByteViews", "collate_dicts", "collate_pairs", "pack_bytes", "stack_or_list"]
 
@@ -46,12 +52,15 @@ def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
     return [buffer[start:stop] for start, stop in itertools.pairwise(bounds)]
 
 
-def pack_bytes(blobs: Sequence[bytes], shared: bool | None = None) -> ByteViews:
+def pack_bytes(
+    blobs: Sequence[bytes], shared: bool | None = None, buffers: int = DEFAULT_BUFFERS
+) -> ByteViews:
     """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
 
     Args:
         blobs: Encoded images (any bytes-like objects).
         shared: Put the buffer in shared memory; by default only inside DataLoader workers.
+        buffers: Reusable shared-memory buffers a worker keeps (0: a new segment per batch).
 
     Example:
         >>> [bytes(view.numpy()) for view in pack_bytes([b"ab", b"", b"c"], shared=False)]
@@ -60,19 +69,21 @@ def pack_bytes(blobs: Sequence[bytes], shared: bool | None = None) -> ByteViews:
     import torch
 
     bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
-    buffer = torch.empty(bounds[-1], dtype=torch.uint8)
     if in_worker() if shared is None else shared:
-        buffer.share_memory_()
+        buffer = shmpool.empty((bounds[-1],), torch.uint8, buffers)
+    else:
+        buffer = torch.empty(bounds[-1], dtype=torch.uint8)
     flat = buffer.numpy()
     for blob, (start, stop) in zip(blobs, itertools.pairwise(bounds), strict=True):
         flat[start:stop] = np.frombuffer(blob, dtype=np.uint8)
     return ByteViews(buffer, bounds)
 
 
-def stack_or_list(values: Sequence[Any], pack: bool = False) -> Any:
+def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS) -> Any:
     """Stack tensors of equal shape into one tensor (shared memory in workers); else a list.
 
     With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat shared buffer.
+    ``buffers`` is as in :func:`pack_bytes`.
     """
     import torch
 
@@ -82,28 +93,31 @@ def stack_or_list(values: Sequence[Any], pack: bool = False) -> Any:
         and isinstance(first, (bytes, bytearray, memoryview))
         and all(isinstance(v, (bytes, bytearray, memoryview)) for v in values)
     ):
-        return pack_bytes(values)
+        return pack_bytes(values, buffers=buffers)
     if isinstance(first, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
     ):
         out = None
         if in_worker():  # stack into shared memory: the training process then copies nothing
-            storage = first.untyped_storage()._new_shared(len(values) * first.nbytes)
-            out = first.new(storage).resize_(len(values), *first.shape)
+            out = shmpool.empty((len(values), *first.shape), first.dtype, buffers)
         return torch.stack(list(values), out=out)
     return list(values)
 
 
-def collate_pairs(pairs: Sequence[tuple[Any, int]]) -> tuple[Any, Any]:
+def collate_pairs(
+    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS
+) -> tuple[Any, Any]:
     """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor."""
     import torch
 
-    images = stack_or_list([image for image, _ in pairs], pack=True)
+    images = stack_or_list([image for image, _ in pairs], pack=True, buffers=buffers)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
     return images, labels
 
 
-def collate_dicts(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def collate_dicts(
+    samples: Sequence[dict[str, Any]], buffers: int = DEFAULT_BUFFERS
+) -> dict[str, Any]:
     """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked).
 
     Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes.
@@ -117,5 +131,5 @@ def collate_dicts(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if key == "label":
             batch[key] = torch.tensor(values, dtype=torch.int64)
         else:
-            batch[key] = stack_or_list(values, pack=key == "image")
+            batch[key] = stack_or_list(values, pack=key == "image", buffers=buffers)
     return batch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import zlib
@@ -113,6 +114,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.options = options or StreamOptions()
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if not 0 <= self.options.batch_buffers <= 64:
+            raise ConfigError(f"batch_buffers must be in [0, 64], got {self.options.batch_buffers}")
         self.plan = PlanOptions(
             seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
         )
@@ -261,8 +264,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             max_member_bytes=self.options.max_member_bytes,
             tag_streams=self.mixture is not None,
         )
-        collate = (
-            batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts
+        collate = functools.partial(
+            batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts,
+            buffers=self.options.batch_buffers,
         )
         return run_worker(job, self.convert, self.batch_size, collate, progress)
 

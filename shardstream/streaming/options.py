@@ -33,6 +33,9 @@ class StreamOptions:
         max_member_bytes: Largest tar member read into memory (1 GiB). A header declaring more,
             or more than the rest of the shard, is a ``ShardFormatError`` (skipped and counted
             with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
+        batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
+            the training process has freed a batch (Linux). 0 allocates a new segment per
+            batch, as PyTorch does; more helps only when batches are held longer.
         storage_options: fsspec options for remote URLs.
         read_options: Retries, read-ahead and cache for remote reads.
 
@@ -50,5 +53,6 @@ class StreamOptions:
     output: str = "pair"
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    batch_buffers: int = 6
     storage_options: Mapping[str, Any] | None = None
     read_options: ReadOptions | None = None

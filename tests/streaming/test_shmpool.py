@@ -1,0 +1,204 @@
+"""Reused shared-memory batch buffers: real DataLoader workers, batches kept, sliced, resent."""
+
+from __future__ import annotations
+
+import gc
+import pathlib
+import pickle
+import zlib
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardstream.errors import ConfigError
+from shardstream.shardwriter import build_shards
+from shardstream.streaming import StreamingDataset, StreamOptions, shmpool
+from tests.conftest import encode_image
+
+BATCH = 4
+
+
+def crc_image(data: bytes, extension: str) -> torch.Tensor:
+    """A 27 KB float 'image' whose every value is fixed by the sample's bytes."""
+    return torch.full((3, 48, 48), float(zlib.crc32(data) % 65521))
+
+
+def _build(root: pathlib.Path, count: int, size: int) -> tuple[pathlib.Path, dict[str, bytes]]:
+    samples = [
+        {"__key__": f"s{i:05d}", "jpg": encode_image(size, size, seed=i), "cls": i % 4}
+        for i in range(count)
+    ]
+    build_shards(samples, root, max_samples_per_shard=9)
+    return root, {s["__key__"]: s["jpg"] for s in samples}
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, dict[str, bytes]]:
+    return _build(tmp_path_factory.mktemp("pool") / "small", 48, 16)
+
+
+def _check(batch: dict[str, Any], jpegs: dict[str, bytes]) -> None:
+    for key, image in zip(batch["__key__"], batch["image"], strict=True):
+        assert torch.equal(image, crc_image(jpegs[key], "jpg")), key
+
+
+def _dataset(root: pathlib.Path, **options: Any) -> StreamingDataset:
+    return StreamingDataset(
+        root,
+        decode=crc_image,
+        batch_size=BATCH,
+        seed=5,
+        options=StreamOptions(output="dict", **options),
+    )
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_reuse_buffers_and_every_batch_stays_exact(
+    small: tuple[pathlib.Path, dict[str, bytes]], persistent: bool
+) -> None:
+    root, jpegs = small
+    loader = DataLoader(
+        _dataset(root), batch_size=None, num_workers=2, persistent_workers=persistent
+    )
+    for _ in range(8):
+        keys = []
+        for batch in loader:
+            _check(batch, jpegs)
+            keys += batch["__key__"]
+        assert sorted(keys) == sorted(jpegs)
+    # Buffers were mapped here once per worker and reused; buffers of workers that exited
+    # (8 epochs of fresh workers) were let go rather than piling up.
+    assert 0 < shmpool.buffer_stats()["attached"] <= 2 * 6
+
+
+def test_batches_and_views_kept_by_the_consumer_are_never_overwritten(
+    small: tuple[pathlib.Path, dict[str, bytes]],
+) -> None:
+    root, jpegs = small
+    loader = DataLoader(_dataset(root, batch_buffers=2), batch_size=None, num_workers=2)
+    kept = list(loader)  # 12 batches held at once: more than the buffers, so some are fresh
+    views = [(batch["__key__"][1:], batch["image"][1:]) for batch in loader]  # batch freed
+    gc.collect()
+    for batch in kept:
+        _check(batch, jpegs)
+    for keys, images in views:
+        _check({"__key__": keys, "image": images}, jpegs)
+
+
+def test_raw_byte_views_outlive_their_batch(tmp_path: pathlib.Path) -> None:
+    root, jpegs = _build(tmp_path / "raw", 24, 320)
+    ds = StreamingDataset(
+        root, decode="raw", batch_size=BATCH, options=StreamOptions(output="dict")
+    )
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(2):
+        last = []
+        for batch in loader:
+            assert sum(len(v) for v in batch["image"]) >= shmpool.MIN_BYTES  # really pooled
+            assert not batch["image"][0].is_shared()  # a worker buffer, not a torch segment
+            last.append((batch["__key__"][-1], batch["image"][-1]))
+            del batch
+        for key, view in last:
+            assert bytes(view.numpy()) == jpegs[key]
+
+
+def test_spawned_workers_use_the_buffers_too(small: tuple[pathlib.Path, dict[str, bytes]]) -> None:
+    root, jpegs = small
+    before = shmpool.buffer_stats()["mapped"]
+    loader = DataLoader(
+        _dataset(root), batch_size=None, num_workers=2, multiprocessing_context="spawn"
+    )
+    assert sum(len(b["__key__"]) for b in loader if _check(b, jpegs) is None) == len(jpegs)
+    assert shmpool.buffer_stats()["mapped"] > before
+
+
+def test_zero_buffers_means_a_fresh_segment_per_batch(
+    small: tuple[pathlib.Path, dict[str, bytes]],
+) -> None:
+    root, jpegs = small
+    loader = DataLoader(_dataset(root, batch_buffers=0), batch_size=None, num_workers=2)
+    before = shmpool.buffer_stats()["mapped"]
+    for batch in loader:
+        _check(batch, jpegs)
+        assert batch["image"].is_shared()
+    assert shmpool.buffer_stats()["mapped"] == before
+    with pytest.raises(ConfigError, match="batch_buffers"):
+        _dataset(root, batch_buffers=-1)
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shmpool, "_pool", None)
+
+
+def _round_trip(tensor: torch.Tensor) -> torch.Tensor:
+    return pickle.loads(bytes(ForkingPickler.dumps(tensor)))
+
+
+def test_a_buffer_is_busy_until_the_last_view_on_the_receiving_side_is_freed(
+    fresh_pool: None,
+) -> None:
+    sent = shmpool.empty((4, 3, 64, 64), torch.float32, 2)
+    assert isinstance(sent, shmpool.PooledTensor)
+    lease = sent._lease
+    assert lease is not None
+    buffer = lease.buffer
+    sent.copy_(torch.arange(sent.numel(), dtype=torch.float32).view(sent.shape))
+    received = _round_trip(sent)
+    assert type(received) is torch.Tensor and torch.equal(received, sent)
+    again = _round_trip(sent)  # sent twice: the second is a copy, not the buffer
+    assert torch.equal(again, sent) and again.data_ptr() != received.data_ptr()
+    del sent, again
+    gc.collect()
+    view = received[2:]
+    del received
+    gc.collect()
+    assert int(buffer.words[shmpool.BUSY]) == 1  # a view is still alive
+    fresh = shmpool.empty((4, 3, 64, 64), torch.float32, 1)  # none free: a fresh segment
+    assert not isinstance(fresh, shmpool.PooledTensor) and fresh.is_shared()
+    del view
+    gc.collect()
+    assert int(buffer.words[shmpool.BUSY]) == 0
+    reused = shmpool.empty((4, 3, 64, 64), torch.float32, 1)
+    assert isinstance(reused, shmpool.PooledTensor) and reused._lease is not None
+    assert reused._lease.buffer is buffer
+
+
+def test_an_unsent_batch_frees_its_buffer_and_plain_pickles_copy(fresh_pool: None) -> None:
+    tensor = shmpool.empty((2, 3, 100, 100), torch.float32, 1)
+    lease = tensor._lease
+    assert lease is not None
+    tensor.fill_(7.0)
+    copy = pickle.loads(pickle.dumps(tensor))  # torch.save / plain pickle: an ordinary tensor
+    assert type(copy) is torch.Tensor and torch.equal(copy, tensor)
+    assert type(tensor[0]) is torch.Tensor and type(tensor + 1) is torch.Tensor
+    kept = tensor[1]  # a worker-side view keeps the buffer busy
+    del tensor
+    gc.collect()
+    assert int(lease.buffer.words[shmpool.BUSY]) == 1
+    del kept
+    gc.collect()
+    assert int(lease.buffer.words[shmpool.BUSY]) == 0
+
+
+def test_a_batch_larger_than_the_free_buffer_gets_a_new_generation(fresh_pool: None) -> None:
+    small = shmpool.empty((shmpool.MIN_BYTES,), torch.uint8, 1)
+    assert small._lease is not None
+    small.fill_(1)
+    received = _round_trip(small)
+    del small
+    gc.collect()
+    big_bytes = 4 * max(received.untyped_storage().nbytes(), 1 << 20) + 1
+    blocked = shmpool.empty((big_bytes,), torch.uint8, 1)
+    assert not isinstance(blocked, shmpool.PooledTensor)  # the only buffer is still held
+    del blocked, received
+    gc.collect()
+    big = shmpool.empty((big_bytes,), torch.uint8, 1)
+    assert big._lease is not None and big._lease.buffer.capacity >= big_bytes
+    big.fill_(9)
+    assert int(_round_trip(big)[-1]) == 9
+    tiny = shmpool.empty((100,), torch.uint8, 1)
+    assert not isinstance(tiny, shmpool.PooledTensor)  # too small to be worth a buffer
