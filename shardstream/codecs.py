@@ -117,4 +117,4 @@ def decode_member(
             f"{where}: member {member_extension!r} ({len(data)} bytes) does not decode as "
             f"{kind!r}: {error}"
         ) from error
-    return data
+    return bytes(data)  # readers may hand over a bytearray; fields are always bytes

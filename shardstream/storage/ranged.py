@@ -304,6 +304,11 @@ class BoundedFile:
         data: bytes = self._stream.read(left if size is None or size < 0 else min(size, left))
         return data
 
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        left = max(0, self._end - self._stream.tell())
+        return int(self._stream.readinto(view[:left] if len(view) > left else view))
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return int(self._stream.seek(offset, whence))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -38,24 +38,32 @@ class ByteViews(list):
     """
 
     def __init__(self, buffer: Any, bounds: Sequence[int]) -> None:
-        super().__init__(buffer[start:stop] for start, stop in itertools.pairwise(bounds))
+        super().__init__(_unpack(buffer, bounds))
         self.buffer, self.bounds = buffer, tuple(bounds)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _unpack, (self.buffer, self.bounds)
 
-    def __copy__(self) -> ByteViews:
-        return ByteViews(self.buffer, self.bounds)
+    def __copy__(self) -> ByteViews:  # shallow, as for a list: the same views (default_convert)
+        copied = ByteViews.__new__(ByteViews)
+        copied.extend(self)
+        copied.buffer, copied.bounds = self.buffer, self.bounds
+        return copied
 
 
 def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
-    return [buffer[start:stop] for start, stop in itertools.pairwise(bounds)]
+    """The views: one C call (``split``) rather than a slice per blob."""
+    sizes = [stop - start for start, stop in itertools.pairwise(bounds)]
+    return list(buffer[bounds[0] : bounds[-1]].split(sizes)) if sizes else []
 
 
 def pack_bytes(
     blobs: Sequence[bytes], shared: bool | None = None, buffers: int = DEFAULT_BUFFERS
-) -> ByteViews:
+) -> list[Any]:
     """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
+
+    Outside a worker, non-empty ``bytearray`` blobs (what the shard reader produces) are wrapped
+    as tensors as they are, without the copy; the result is then a plain list.
 
     Args:
         blobs: Encoded images (any bytes-like objects).
@@ -68,14 +76,15 @@ def pack_bytes(
     """
     import torch
 
+    shared = in_worker() if shared is None else shared
+    if not shared and all(isinstance(blob, bytearray) and blob for blob in blobs):
+        # Nothing crosses a process: wrap the reader's own buffers, no copy.
+        return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
     bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
-    if in_worker() if shared is None else shared:
-        buffer = shmpool.empty((bounds[-1],), torch.uint8, buffers)
-    else:
-        buffer = torch.empty(bounds[-1], dtype=torch.uint8)
-    flat = buffer.numpy()
+    buffer = shmpool.empty((bounds[-1],), torch.uint8, buffers, shared)
+    flat = memoryview(cast(Any, buffer.numpy()))
     for blob, (start, stop) in zip(blobs, itertools.pairwise(bounds), strict=True):
-        flat[start:stop] = np.frombuffer(blob, dtype=np.uint8)
+        flat[start:stop] = blob
     return ByteViews(buffer, bounds)
 
 
@@ -97,9 +106,8 @@ def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFA
     if isinstance(first, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
     ):
-        out = None
-        if in_worker():  # stack into shared memory: the training process then copies nothing
-            out = shmpool.empty((len(values), *first.shape), first.dtype, buffers)
+        # In workers, stack into shared memory: the training process then copies nothing.
+        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, in_worker())
         return torch.stack(list(values), out=out)
     return list(values)
 

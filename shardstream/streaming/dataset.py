@@ -134,7 +134,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             )
             self.stores = (store,)
         self.convert = SampleConverter(
-            decode, transform, self.options.output, self.options.allow_pickle
+            decode,
+            transform,
+            self.options.output,
+            self.options.allow_pickle,
+            batch_size is not None,
         )
         self.batch_size = batch_size
         self.on_error = on_error

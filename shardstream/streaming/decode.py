@@ -21,7 +21,7 @@ import numpy as np
 
 from shardstream import codecs
 from shardstream.errors import ConfigError, DecodeError
-from shardstream.streaming.fastcrop import crop_decoder_for
+from shardstream.streaming.fastcrop import CropDecoder, crop_decoder_for
 
 __all__ = ["DECODE_MODES", "SampleConverter", "decode_image", "min_side_of", "split_sample"]
 
@@ -107,8 +107,8 @@ def _decode_one(
     if decode == "raw":
         return data
     try:
-        if callable(decode):
-            return decode(data, extension)
+        if callable(decode):  # users' decoders get bytes; ours take the reader's bytearray too
+            return decode(data if isinstance(decode, CropDecoder) else bytes(data), extension)
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {DECODE_MODES} or a callable, got {decode!r}")
         return decode_image(data, extension, decode, min_side)
@@ -135,6 +135,8 @@ class SampleConverter:
         transform: Applied to each decoded image, or None.
         output: ``"pair"`` or ``"dict"``.
         allow_pickle: Unpickle ``.pyd``/``.pth`` members.
+        batched: Samples are collated afterwards: raw images may stay the reader's
+            ``bytearray`` (packed without a copy); otherwise they are handed out as ``bytes``.
 
     Example:
         >>> convert = SampleConverter("raw")
@@ -148,11 +150,12 @@ class SampleConverter:
         transform: Callable[[Any], Any] | None = None,
         output: str = "pair",
         allow_pickle: bool = False,
+        batched: bool = False,
     ) -> None:
         if output not in ("pair", "dict"):
             raise ConfigError(f"output must be 'pair' or 'dict', got {output!r}")
         self.decode, self.transform = decode, transform
-        self.output, self.allow_pickle = output, allow_pickle
+        self.output, self.allow_pickle, self.batched = output, allow_pickle, batched
         self._min_side = min_side_of(transform) if transform is not None else None
         # Fast path: RandomResizedCrop-first transforms decode only the resolution they keep.
         self._crop_decoder = (
@@ -164,7 +167,8 @@ class SampleConverter:
         image, label, fields = split_sample(sample, decode, self._min_side, self.allow_pickle)
         if self.transform is not None and image is not None and self._crop_decoder is None:
             image = self.transform(image)
+        elif isinstance(image, bytearray) and not self.batched:
+            image = bytes(image)
         if self.output == "pair":
             return image, label
         return {**fields, "image": image, "label": label}
-

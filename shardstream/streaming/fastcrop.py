@@ -259,7 +259,9 @@ def decode_jpeg_rgb(data: bytes) -> Any:
     import torch
     from torchvision import io as tvio
 
-    encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    encoded = torch.frombuffer(
+        data if isinstance(data, bytearray) else bytearray(data), dtype=torch.uint8
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

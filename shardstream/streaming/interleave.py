@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.streaming.draws import Draws
+
 __all__ = ["Interleave", "Ref"]
 
 #: Identifies one sample of an epoch plan: (piece number, ordinal within the piece).
@@ -55,7 +57,7 @@ class Interleave:
         self._order = (
             order_rng.permutation(len(lengths)).tolist() if shuffle else list(range(len(lengths)))
         )
-        self._rng = np.random.default_rng([*seed, 2])
+        self._draws = Draws([*seed, 2])
         self._next = 0
         self._open: list[list[int]] = []  # [piece, samples already yielded]
 
@@ -64,14 +66,14 @@ class Interleave:
         return {
             "next": self._next,
             "open": [list(item) for item in self._open],
-            "rng": self._rng.bit_generator.state,
+            "rng": self._draws.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` of a stage built with the same arguments."""
         self._next = int(state["next"])
         self._open = [[int(piece), int(done)] for piece, done in state["open"]]
-        self._rng.bit_generator.state = state["rng"]
+        self._draws.load_state_dict(state["rng"])
 
     def _start(self, piece: int, done: int) -> Iterator[Any]:
         length = self._lengths[piece]
@@ -102,7 +104,7 @@ class Interleave:
                         streams.append(self._start(piece, 0))
                 if not self._open:
                     return
-                pick = int(self._rng.integers(len(self._open))) if len(self._open) > 1 else 0
+                pick = self._draws.below(len(self._open)) if len(self._open) > 1 else 0
                 entry = self._open[pick]
                 sample = next(streams[pick], _END)
                 if sample is _END:  # only for unknown lengths: known ones raise when short

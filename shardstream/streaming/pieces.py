@@ -28,6 +28,7 @@ from shardstream.streaming.tario import (
     TarReader,
     iter_samples,
     open_tar,
+    read_plain_sample,
 )
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex", "read_piece"]
@@ -36,7 +37,6 @@ logger = logging.getLogger("shardstream.streaming")
 
 #: An index of 16M samples; real shards hold thousands.
 _MAX_INDEX_BYTES = 128 << 20
-
 
 
 class IndexCache:
@@ -282,15 +282,22 @@ def _read_range(
             f"{url}: its index lists {last} samples but the manifest says at least {stop}; the "
             "shard was changed after the build. Rebuild it or run `shardstream verify`."
         )
-    begin, end = offsets[start], offsets[stop]
+    begin, end, limit = offsets[start], offsets[stop], max_member_bytes
+    previous = ""  # the last key read, which errors name
     with pool.lend(name, begin, end) as stream:
-        reader = TarReader(stream, url, True, begin, end, max_member_bytes=max_member_bytes)
         for ordinal in range(start, stop):
-            reader.end = offsets[ordinal + 1]
-            found = list(iter_samples(reader))
-            if len(found) != 1 or found[0][1] != offsets[ordinal]:
-                raise _index_mismatch(url, ordinal, offsets, found)
-            yield found[0][0]
+            here, after = offsets[ordinal], offsets[ordinal + 1]
+            sample = read_plain_sample(stream, url, here, after, limit)
+            if sample is None:  # not plain ustar, or broken: the full reader handles or reports
+                stream.seek(here)
+                reader = TarReader(stream, url, True, here, after, None, limit)
+                reader.last_key = previous
+                found = list(iter_samples(reader))
+                if len(found) != 1 or found[0][1] != here:
+                    raise _index_mismatch(url, ordinal, offsets, found)
+                sample = found[0][0]
+            previous = sample["__key__"]
+            yield sample
 
 
 def _index_mismatch(

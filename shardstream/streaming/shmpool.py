@@ -17,6 +17,9 @@ the training process) and reuses a buffer once the training process is done with
 - when no buffer is free (the consumer holds many batches) or a batch is too small to be worth
   it, the worker falls back to a fresh segment, as PyTorch does. Nothing ever waits.
 
+Without workers the same reuse saves the page faults of a fresh large allocation per batch:
+batches are then plain tensors on buffers in the process's own memory, reused once freed.
+
 Buffers are Linux-only (``os.memfd_create``); elsewhere the fallback is always used.
 """
 
@@ -62,14 +65,17 @@ class _Buffer:
     """One reusable buffer in the worker: a memfd mapped once."""
 
     fd: int
-    mapping: mmap.mmap
+    mapping: mmap.mmap | None
     words: np.ndarray
     data: np.ndarray
     number: int
     generation: int
 
     @classmethod
-    def create(cls, number: int, generation: int, capacity: int) -> _Buffer:
+    def create(cls, number: int, generation: int, capacity: int, shared: bool) -> _Buffer:
+        if not shared:  # the training process's own memory (0 workers): reused all the same
+            words = np.zeros(HEADER // 8, dtype=np.uint64)
+            return cls(-1, None, words, np.empty(capacity, np.uint8), number, generation)
         fd = os.memfd_create(f"shardstream-batch-{number}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, HEADER + capacity)
@@ -91,7 +97,9 @@ class _Buffer:
 
     def close(self) -> None:
         self.words[CLOSED] = 1
-        os.close(self.fd)
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclasses.dataclass
@@ -104,11 +112,12 @@ class _Lease:
 
 
 class _Pool:
-    """The buffers of one worker process."""
+    """The buffers of one process: shared (a worker's) or in its own memory."""
 
-    def __init__(self, max_buffers: int) -> None:
+    def __init__(self, max_buffers: int, shared: bool) -> None:
         self.token = secrets.randbits(62)
         self.pid = os.getpid()
+        self.shared = shared
         self.max_buffers = max_buffers
         self.buffers: list[_Buffer] = []
         self.generations = 0
@@ -124,7 +133,7 @@ class _Pool:
             self.generations += 1
             capacity = -(-nbytes * 5 // 4 // ALIGN) * ALIGN  # headroom for varying raw batches
             number = free[0].number if free else len(self.buffers)
-            buffer = _Buffer.create(number, self.generations, capacity)
+            buffer = _Buffer.create(number, self.generations, capacity, self.shared)
             if free:  # a free buffer too small: replace it (the receiver maps the new one)
                 old = self.buffers.index(free[0])
                 self.buffers[old].close()
@@ -137,7 +146,7 @@ class _Pool:
         return _Lease(buffer, nbytes)
 
 
-_pool: _Pool | None = None
+_pools: dict[bool, _Pool] = {}  # by shared; rebuilt in a forked child
 
 
 def _close_all(buffers: list[_Buffer]) -> None:
@@ -146,28 +155,40 @@ def _close_all(buffers: list[_Buffer]) -> None:
     buffers.clear()
 
 
-def empty(shape: tuple[int, ...], dtype: torch.dtype, max_buffers: int) -> torch.Tensor:
-    """An uninitialised tensor on a reusable buffer of this worker, else in shared memory.
+def empty(
+    shape: tuple[int, ...], dtype: torch.dtype, max_buffers: int, shared: bool = True
+) -> torch.Tensor:
+    """An uninitialised tensor on a reusable buffer of this process.
 
-    Call it only inside a DataLoader worker. ``max_buffers`` bounds the buffers this worker
-    keeps (0: always a fresh shared-memory tensor).
+    Args:
+        shape: Shape of the tensor.
+        dtype: Its dtype.
+        max_buffers: Buffers this process keeps (0: always a fresh tensor).
+        shared: For a DataLoader worker: the buffer is shared memory and the tensor a
+            :class:`PooledTensor`; when no buffer is free, a fresh shared-memory tensor.
+            Otherwise a plain tensor in this process's memory, reused once freed.
     """
-    global _pool
     nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
     lease = None
-    if max_buffers > 0 and nbytes >= MIN_BYTES and hasattr(os, "memfd_create"):
-        if _pool is None or _pool.pid != os.getpid():
-            _pool = _Pool(max_buffers)
-        _pool.max_buffers = max_buffers
-        lease = _pool.take(nbytes)
+    if max_buffers > 0 and nbytes >= MIN_BYTES and (hasattr(os, "memfd_create") or not shared):
+        pool = _pools.get(shared)
+        if pool is None or pool.pid != os.getpid():
+            pool = _pools[shared] = _Pool(max_buffers, shared)
+        pool.max_buffers = max_buffers
+        lease = pool.take(nbytes)
     if lease is None:
+        if not shared:
+            return torch.empty(shape, dtype=dtype)
         storage = torch.UntypedStorage._new_shared(nbytes)
         return torch.empty(0, dtype=dtype).set_(storage).view(shape)
     exporter = lease.buffer.data[:nbytes]  # owns the storage: freed when the last view is
     weakref.finalize(exporter, _unsent, lease).atexit = False
-    tensor = _typed(torch.from_numpy(exporter), dtype, shape).as_subclass(PooledTensor)
-    tensor._lease = lease
-    return tensor
+    tensor = _typed(torch.from_numpy(exporter), dtype, shape)
+    if not shared:
+        return tensor
+    pooled = tensor.as_subclass(PooledTensor)
+    pooled._lease = lease
+    return pooled
 
 
 def _typed(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -175,7 +196,7 @@ def _typed(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> to
 
 
 def _unsent(lease: _Lease) -> None:
-    """Worker side: the batch died without crossing the queue; its buffer is free again."""
+    """The batch died without crossing a queue (or was never meant to); the buffer is free."""
     if not lease.sent:
         lease.buffer.words[BUSY] = 0
 
@@ -190,7 +211,8 @@ def _reduce(tensor: PooledTensor) -> Any:
     handle = None
     if int(buffer.words[ACKED]) != buffer.generation:  # receiver has not mapped it yet
         handle = multiprocessing.reduction.DupFd(buffer.fd)
-    args = (_pool.token if _pool else 0, os.getpid(), buffer.number, buffer.generation, handle)
+    token = _pools[True].token if True in _pools else 0
+    args = (token, os.getpid(), buffer.number, buffer.generation, handle)
     return _rebuild, (*args, lease.nbytes, str(plain.dtype).removeprefix("torch."), plain.shape)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import numpy as np
+from shardstream.streaming.draws import Draws
 
 __all__ = ["ShuffleBuffer"]
 
@@ -40,7 +40,7 @@ class ShuffleBuffer:
     def __init__(self, source: _Source, size: int = 1000, seed: Sequence[int] = (0,)) -> None:
         self.source = source
         self._size = max(1, size)
-        self._rng = np.random.default_rng([*seed, 3])
+        self._draws = Draws([*seed, 3])
         self._buffer: list[tuple[Any, Any]] = []
         self._restored: list[Any] | None = None
 
@@ -48,14 +48,14 @@ class ShuffleBuffer:
         """Buffered references, draw state, and the source's state under ``"source"``."""
         return {
             "buffer": [list(ref) for ref, _ in self._buffer],
-            "rng": self._rng.bit_generator.state,
+            "rng": self._draws.state_dict(),
             "source": self.source.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; buffered samples are re-read on iteration."""
         self.source.load_state_dict(state["source"])
-        self._rng.bit_generator.state = state["rng"]
+        self._draws.load_state_dict(state["rng"])
         self._restored = [tuple(ref) for ref in state["buffer"]]
         self._buffer = []
 
@@ -63,15 +63,15 @@ class ShuffleBuffer:
         if self._restored is not None:
             refs, self._restored = self._restored, None
             self._buffer = list(zip(refs, self.source.fetch(refs), strict=True))
-        buffer, size, rng = self._buffer, self._size, self._rng
+        buffer, size, below = self._buffer, self._size, self._draws.below
         for item in self.source:
             if len(buffer) < size:
                 buffer.append(item)
                 continue
-            pick = int(rng.integers(size))
+            pick = below(size)
             out, buffer[pick] = buffer[pick], item
             yield out
         while buffer:
-            pick = int(rng.integers(len(buffer)))
+            pick = below(len(buffer))
             buffer[pick], buffer[-1] = buffer[-1], buffer[pick]
             yield buffer.pop()

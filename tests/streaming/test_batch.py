@@ -42,7 +42,9 @@ def _raw_items(root: pathlib.Path, workers: int, output: str) -> dict[str, bytes
             images, keys = batch[0], [str(int(label)) for label in batch[1]]
         assert isinstance(images, list) and all(isinstance(v, torch.Tensor) for v in images)
         storages = {view.untyped_storage().data_ptr() for view in images}
-        assert len(storages) == 1  # one buffer per batch, views into it
+        # Across processes: one buffer per batch, views into it. In-process: the reader's own
+        # buffers, wrapped without a copy.
+        assert len(storages) == (1 if workers else len(images))
         for key, view in zip(keys, images, strict=True):
             found.setdefault(key, bytes(view.numpy()))
     return found

@@ -74,11 +74,12 @@ def test_workers_reuse_buffers_and_every_batch_stays_exact(
     assert 0 < shmpool.buffer_stats()["attached"] <= 2 * 6
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_batches_and_views_kept_by_the_consumer_are_never_overwritten(
-    small: tuple[pathlib.Path, dict[str, bytes]],
+    small: tuple[pathlib.Path, dict[str, bytes]], workers: int
 ) -> None:
     root, jpegs = small
-    loader = DataLoader(_dataset(root, batch_buffers=2), batch_size=None, num_workers=2)
+    loader = DataLoader(_dataset(root, batch_buffers=2), batch_size=None, num_workers=workers)
     kept = list(loader)  # 12 batches held at once: more than the buffers, so some are fresh
     views = [(batch["__key__"][1:], batch["image"][1:]) for batch in loader]  # batch freed
     gc.collect()
@@ -131,7 +132,7 @@ def test_zero_buffers_means_a_fresh_segment_per_batch(
 
 @pytest.fixture
 def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shmpool, "_pool", None)
+    monkeypatch.setattr(shmpool, "_pools", {})
 
 
 def _round_trip(tensor: torch.Tensor) -> torch.Tensor:
@@ -202,3 +203,16 @@ def test_a_batch_larger_than_the_free_buffer_gets_a_new_generation(fresh_pool: N
     assert int(_round_trip(big)[-1]) == 9
     tiny = shmpool.empty((100,), torch.uint8, 1)
     assert not isinstance(tiny, shmpool.PooledTensor)  # too small to be worth a buffer
+
+
+def test_without_workers_batches_are_plain_tensors_on_reused_memory(fresh_pool: None) -> None:
+    first = shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False)
+    assert type(first) is torch.Tensor and not first.is_shared()
+    address = first.data_ptr()
+    second = shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False)
+    assert second.data_ptr() != address  # the first is still alive
+    third = shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False)
+    assert third.data_ptr() not in (address, second.data_ptr())  # both busy: fresh memory
+    del first
+    gc.collect()
+    assert shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False).data_ptr() == address

@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 
+from shardstream.streaming.draws import Draws
 from shardstream.streaming.interleave import Interleave
 from shardstream.streaming.shuffle import ShuffleBuffer
 from shardstream.streaming.split import PlanOptions, plan_worker
@@ -87,3 +88,19 @@ def test_default_settings_mix_class_ordered_shards() -> None:
             )
             labels += [index * num_classes // num_samples for _, index in stage]
         assert class_mix(labels, batch, num_classes) >= 0.8
+
+
+def test_draws_are_uniform_and_restore_mid_block() -> None:
+    draws = Draws([7, 1])
+    values = [draws.below(10) for _ in range(5000)]
+    counts = [values.count(digit) for digit in range(10)]
+    assert min(counts) > 400 and max(counts) < 600  # uniform within sampling noise
+    for used in (0, 1, 1023, 1024, 1500):  # restores before, inside and at a block's edge
+        original = Draws([3])
+        for _ in range(used):
+            original.below(100)
+        restored = Draws([3])
+        restored.load_state_dict(original.state_dict())
+        assert [restored.below(n) for n in range(1, 2000)] == [
+            original.below(n) for n in range(1, 2000)
+        ]

@@ -13,7 +13,7 @@ import pytest
 from shardstream.errors import ShardFormatError
 from shardstream.storage import Store
 from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
-from shardstream.streaming.tario import iter_samples, open_tar, split_key
+from shardstream.streaming.tario import iter_samples, open_tar, read_plain_sample, split_key
 from tests.streaming.shards import tiny_jpeg
 
 
@@ -171,3 +171,58 @@ def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: path
         ShardFormatError, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"
     ):
         list(read_piece(pool, path.name, 5, 8, None, offsets))
+
+
+def _styled_shard(tmp_path: pathlib.Path, style: str) -> pathlib.Path:
+    """Six samples with long names, written with GNU long-name, PAX or plain ustar headers;
+    "dirs" adds a directory member inside a sample's byte range."""
+    if style == "wds":
+        return _shard(tmp_path)
+    path = tmp_path / f"{style}.tar"
+    formats = {"gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+    with tarfile.open(path, "w", format=formats.get(style, tarfile.USTAR_FORMAT)) as tar:
+        for index in range(6):
+            prefix = "d" * 120 + "/" if style in formats else "s/"
+            for extension, data in (("jpg", tiny_jpeg(index)), ("cls", str(index).encode())):
+                info = tarfile.TarInfo(f"{prefix}k{index}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            if style == "dirs":
+                folder = tarfile.TarInfo(f"s/dir{index}")
+                folder.type = tarfile.DIRTYPE
+                tar.addfile(folder)
+    return path
+
+
+@pytest.mark.parametrize("style", ["wds", "gnu", "pax", "ustar", "dirs"])
+def test_reads_by_index_match_a_walk_whatever_the_headers(
+    tmp_path: pathlib.Path, style: str
+) -> None:
+    path = _styled_shard(tmp_path, style)
+    walked = _read(path)
+    with open(path, "rb") as stream:  # where the last member ends, as a shardstream index says
+        reader = open_tar(stream, str(path))
+        while reader.next_member() is not None:
+            end = reader.offset
+    offsets = [*_walked_offsets(path)[:-1], end]
+    indexed = list(read_piece(_pool(path), path.name, 0, 6, None, offsets))
+    assert indexed == walked and len(walked) == 6
+    # The fast path (bytearray data) takes every header style; only a sample whose range
+    # holds another member type (a directory; not the last one's) goes through the full
+    # reader (bytes).
+    fast = [isinstance(sample["jpg"], bytearray) for sample in indexed]
+    assert fast == ([False] * 5 + [True] if style == "dirs" else [True] * 6)
+
+
+def test_fast_path_refuses_what_the_full_reader_must_judge(tmp_path: pathlib.Path) -> None:
+    path = _shard(tmp_path, 3)
+    offsets = _walked_offsets(path)
+    with open(path, "rb") as stream:  # two samples in one range: not the fast path's to judge
+        assert read_plain_sample(stream, path.name, offsets[0], offsets[2], 1 << 20) is None
+        stream.seek(offsets[0])  # a member over max_member_bytes
+        assert read_plain_sample(stream, path.name, offsets[0], offsets[1], 10) is None
+        stream.seek(offsets[1])
+        sample = read_plain_sample(stream, path.name, offsets[1], offsets[2], 1 << 20)
+    assert sample is not None and sample["__key__"] == "k1" and sample["jpg"] == tiny_jpeg(1)
+    with pytest.raises(ShardFormatError, match="max_member_bytes=10"):
+        list(read_piece(_pool(path), path.name, 0, 1, None, offsets, max_member_bytes=10))
