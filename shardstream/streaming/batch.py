@@ -120,6 +120,8 @@ def collate_pairs(
 
     images = stack_or_list([image for image, _ in pairs], pack=True, buffers=buffers)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
+    if in_worker():
+        labels = shmpool.inline(labels)
     return images, labels
 
 
@@ -137,7 +139,8 @@ def collate_dicts(
     for key in keys:
         values = [sample.get(key) for sample in samples]
         if key == "label":
-            batch[key] = torch.tensor(values, dtype=torch.int64)
+            labels = torch.tensor(values, dtype=torch.int64)
+            batch[key] = shmpool.inline(labels) if in_worker() else labels
         else:
             batch[key] = stack_or_list(values, pack=key == "image", buffers=buffers)
     return batch

@@ -23,7 +23,7 @@ def test_pack_bytes_views_share_one_buffer_and_round_trip() -> None:
     assert [bytes(view.numpy()) for view in views] == blobs
     assert all(view.dtype == torch.uint8 and view.dim() == 1 for view in views)
     pointers = {view.untyped_storage().data_ptr() for view in views}
-    assert len(pointers) == 1 and views.buffer.is_shared()
+    assert len(pointers) == 1
     restored = pickle.loads(pickle.dumps(views))
     assert type(restored) is list and [bytes(v.numpy()) for v in restored] == blobs
     assert [bytes(v.numpy()) for v in copy.copy(views)] == blobs

@@ -216,3 +216,35 @@ def test_without_workers_batches_are_plain_tensors_on_reused_memory(fresh_pool: 
     del first
     gc.collect()
     assert shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False).data_ptr() == address
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(64, dtype=torch.int64),
+        torch.tensor(3.5),
+        torch.empty(0, 3),
+        torch.rand(5, 7).to(torch.bfloat16),
+        torch.arange(24, dtype=torch.int16).view(2, 3, 4)[:, 1],  # not contiguous
+    ],
+)
+def test_small_tensors_cross_inside_the_pickle(tensor: torch.Tensor) -> None:
+    small = shmpool.inline(tensor)
+    assert isinstance(small, shmpool.InlineTensor)
+    received = _round_trip(small)
+    assert type(received) is torch.Tensor and not received.is_shared()
+    assert received.dtype == tensor.dtype and torch.equal(received, tensor)
+    assert type(pickle.loads(pickle.dumps(small))) is torch.Tensor
+    big = torch.zeros(shmpool.MIN_BYTES)
+    assert shmpool.inline(big) is big
+
+
+def test_worker_labels_arrive_as_plain_unshared_tensors(
+    small: tuple[pathlib.Path, dict[str, bytes]],
+) -> None:
+    root, _ = small
+    ds = StreamingDataset(root, decode=crc_image, batch_size=BATCH, seed=5)
+    for images, labels in DataLoader(ds, batch_size=None, num_workers=2):
+        assert type(labels) is torch.Tensor and not labels.is_shared()
+        assert labels.dtype == torch.int64 and all(0 <= int(v) < 4 for v in labels)
+        assert len(labels) == len(images)
