@@ -356,6 +356,21 @@ def prepare(args: argparse.Namespace) -> dict:
     return paths
 
 
+def versions() -> str:
+    """The versions of every library a row uses, for the table's caption."""
+    from importlib import metadata
+
+    names = ["shardstream", "torch", "torchvision", "webdataset", "Pillow", "nvidia-dali-cuda130"]
+    names.append("nvidia-nvimgcodec-cu13")
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return ", ".join(found)
+
+
 def has_nvimgcodec() -> bool:
     try:
         return importlib.util.find_spec("nvidia.nvimgcodec") is not None
@@ -392,7 +407,7 @@ def main() -> None:
     paths = prepare(args)
     print(
         f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
-        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row\n"
+        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row\n{versions()}\n"
     )
     if "train" in args.modes and "dali_tars" not in paths:
         print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")

@@ -57,9 +57,11 @@ def crop_decoder_for(transform: Any, mode: str) -> CropDecoder | None:
     bilinear, antialiased resizing, followed only by flips, ``PILToTensor``/``ToImage``,
     ``ToDtype``/``ToPureTensor`` and ``Normalize``; ``mode`` must be ``"pil"`` or ``"rgb8"``.
     """
+    if transform is None or mode not in ("pil", "rgb8"):
+        return None  # before importing torchvision's transforms, which raw loading never needs
     from torchvision.transforms import v2
 
-    if mode not in ("pil", "rgb8") or not isinstance(transform, v2.Compose):
+    if not isinstance(transform, v2.Compose):
         return None
     steps = list(transform.transforms)
     first = steps[0] if steps else None
