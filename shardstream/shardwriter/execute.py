@@ -7,7 +7,12 @@ build has. Results are handed back in completion order; callers order them by ch
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from multiprocessing.context import BaseContext
@@ -34,7 +39,12 @@ def run_tasks(
             on_result(write_chunk(task))
         return
     own = executor is None
-    pool = executor or cf.ProcessPoolExecutor(max_workers=workers, mp_context=_process_context())
+    pool = executor or cf.ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=_process_context(),
+        initializer=_exit_with_parent,
+        initargs=(os.getpid(),),
+    )
     try:
         _submit_bounded(pool, tasks, on_result, max_in_flight=2 * workers)
     finally:
@@ -52,6 +62,20 @@ def _process_context() -> BaseContext:
     if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker when the building process dies (Linux).
+
+    A pool worker otherwise outlives a killed build, waiting forever for work. The kernel sends
+    SIGTERM when the process that started the worker exits; one that died before this ran is
+    caught by the parent check.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _submit_bounded(

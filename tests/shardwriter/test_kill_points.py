@@ -224,3 +224,24 @@ def test_killed_while_scanning_a_larger_tree(tmp_path):
     _assert_no_torn_files(dest, clean)
     build_shards(root, dest, **BUILD_OPTIONS)
     _assert_identical(dest, clean)
+
+
+def test_killing_only_the_building_process_ends_its_workers(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    tree = write_image_folder(tmp_path / "images", num_classes=2, per_class=150, size=(96, 96))
+    dest = tmp_path / "out"
+    command = _cli(str(tree), str(dest), "--workers", "2", "--resize", "48")
+    command += ["--max-samples-per-shard", "4"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(process.pid)
+    deadline = time.monotonic() + 60
+    workers: list[Any] = []
+    while len(workers) < 2 and process.poll() is None and time.monotonic() < deadline:
+        workers = parent.children()
+        time.sleep(0.01)
+    assert len(workers) >= 2, "the build ended before its workers were seen"
+    os.kill(process.pid, signal.SIGKILL)  # the building process only, not its process group
+    process.wait(timeout=30)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    alive = [w for w in alive if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"workers outlived the build: {[w.pid for w in alive]}"
