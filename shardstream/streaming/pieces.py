@@ -22,13 +22,13 @@ from typing import IO
 from shardstream.errors import ShardFormatError
 from shardstream.shardindex import decode_offsets
 from shardstream.storage import Store, is_local_url
+from shardstream.streaming.tarfast import read_plain_sample
 from shardstream.streaming.tario import (
     DEFAULT_MAX_MEMBER_BYTES,
     Sample,
     TarReader,
     iter_samples,
     open_tar,
-    read_plain_sample,
 )
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex", "read_piece"]

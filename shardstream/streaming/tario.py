@@ -36,14 +36,13 @@ __all__ = [
     "is_gzip_name",
     "iter_samples",
     "open_tar",
-    "read_plain_sample",
     "split_key",
     "stream_size",
 ]
 
 Sample = dict[str, Any]
 _ZERO = bytes(BLOCK)
-_FILE_TYPES = (b"0", b"\0", b"7")
+FILE_TYPES = (b"0", b"\0", b"7")
 #: Default largest member read into memory (a documented ``StreamOptions`` setting).
 DEFAULT_MAX_MEMBER_BYTES = 1 << 30
 #: Members of one sample (key) at most; real samples have a handful.
@@ -214,7 +213,7 @@ class TarReader:
                 f"{ends} at byte {self._limit}; the header or index is corrupt, or the shard is "
                 "truncated. Re-copy or rebuild it, or pass on_error='skip'."
             )
-        if want_data and kind in _FILE_TYPES and size > self.max_member_bytes:
+        if want_data and kind in FILE_TYPES and size > self.max_member_bytes:
             raise ShardFormatError(
                 f"{self.url}: {what} at byte offset {header_offset} declares {size} bytes, more "
                 f"than max_member_bytes={self.max_member_bytes}. If the shard is genuine, raise "
@@ -267,7 +266,7 @@ class TarReader:
             size = size if size_override is None else size_override
             name = header_name(header) if name is None else name
             self._check_size(size, kind, name, want_data)
-            if kind not in _FILE_TYPES:  # links, directories, devices, global headers...
+            if kind not in FILE_TYPES:  # links, directories, devices, global headers...
                 self._skip(padded(size), f"member {name!r}")
                 start, name, size_override = self.offset, None, None
                 continue
@@ -348,64 +347,3 @@ def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sa
         current, current_offset = {"__key__": key, "__url__": reader.url, extension: data}, offset
     if current is not None:
         yield current, current_offset
-
-
-def read_plain_sample(
-    stream: IO[bytes], url: str, begin: int, end: int, max_member_bytes: int
-) -> Sample | None:
-    """The one sample in bytes ``[begin, end)`` of ``stream`` (positioned at ``begin``).
-
-    The fast path for reading by index: file members of one key (ustar, with PAX or GNU
-    long-name headers), parsed in one tight loop. Member data are ``bytearray`` read straight
-    into (so a raw batch without workers wraps them as tensors, no copy). Anything else (other
-    member types, a second key, a bad header, a short read) returns None, with the stream
-    anywhere in the range; the caller then seeks back and reads the range with
-    :class:`TarReader`, which handles it or reports it.
-    """
-    read, readinto = stream.read, cast(Any, stream).readinto
-    sample: Sample | None = None
-    position, name, size_override = begin, None, None
-    while position < end:
-        header = read(BLOCK)
-        if len(header) != BLOCK:
-            return None
-        try:
-            size, kind = check_header(header, url, position)
-            stop = position + BLOCK + padded(size)
-            if kind in (b"x", b"L"):  # a PAX or GNU long-name header for the next member
-                extra = read(padded(size))
-                if size > MAX_EXTENDED_BYTES or stop > end or len(extra) != padded(size):
-                    return None
-                if kind == b"L":
-                    name = extra[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                else:
-                    name, size_override = parse_pax(
-                        extra[:size], url, position, name, size_override
-                    )
-                position = stop
-                continue
-        except ShardFormatError:
-            return None
-        if size_override is not None:
-            size, stop = size_override, position + BLOCK + padded(size_override)
-        parts = split_key(header_name(header) if name is None else name)
-        name = size_override = None
-        if kind not in _FILE_TYPES or parts is None or stop > end or size > max_member_bytes:
-            return None
-        data = bytearray(size)
-        pad = stop - position - BLOCK - size
-        if readinto(data) != size or (pad and len(read(pad)) != pad):
-            return None
-        key, extension = parts
-        if sample is None:
-            sample = {"__key__": key, "__url__": url, extension: data}
-        elif (
-            key == sample["__key__"]
-            and extension not in sample
-            and len(sample) <= MAX_MEMBERS_PER_SAMPLE
-        ):
-            sample[extension] = data
-        else:
-            return None
-        position = stop
-    return sample

@@ -13,7 +13,8 @@ import pytest
 from shardstream.errors import ShardFormatError
 from shardstream.storage import Store
 from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
-from shardstream.streaming.tario import iter_samples, open_tar, read_plain_sample, split_key
+from shardstream.streaming.tarfast import read_plain_sample
+from shardstream.streaming.tario import iter_samples, open_tar, split_key
 from tests.streaming.shards import tiny_jpeg
 
 
