@@ -97,6 +97,8 @@ def decode_member(
         DecodeError: The bytes do not parse as the extension says; ``where`` names shard and key.
     """
     kind = extension_of(member_extension)
+    if not isinstance(data, bytes):
+        data = bytes(data)  # readers hand over buffer slices; fields are always bytes
     try:
         if kind in LABEL_EXTENSIONS:
             return int(data)
@@ -117,4 +119,4 @@ def decode_member(
             f"{where}: member {member_extension!r} ({len(data)} bytes) does not decode as "
             f"{kind!r}: {error}"
         ) from error
-    return bytes(data)  # readers may hand over a bytearray; fields are always bytes
+    return data

@@ -62,8 +62,9 @@ def pack_bytes(
 ) -> list[Any]:
     """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
 
-    Outside a worker, non-empty ``bytearray`` blobs (what the shard reader produces) are wrapped
-    as tensors as they are, without the copy; the result is then a plain list.
+    Outside a worker, non-empty writable blobs (the shard reader's ``memoryview`` slices, or
+    ``bytearray``) are wrapped as tensors as they are, without the copy; the result is then a
+    plain list.
 
     Args:
         blobs: Encoded images (any bytes-like objects).
@@ -77,7 +78,7 @@ def pack_bytes(
     import torch
 
     shared = in_worker() if shared is None else shared
-    if not shared and all(isinstance(blob, bytearray) and blob for blob in blobs):
+    if not shared and all(_writable(blob) for blob in blobs):
         # Nothing crosses a process: wrap the reader's own buffers, no copy.
         return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
     bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
@@ -86,6 +87,12 @@ def pack_bytes(
     for blob, (start, stop) in zip(blobs, itertools.pairwise(bounds), strict=True):
         flat[start:stop] = blob
     return ByteViews(buffer, bounds)
+
+
+def _writable(blob: Any) -> bool:
+    if isinstance(blob, memoryview):
+        return not blob.readonly and blob.nbytes > 0 and blob.contiguous
+    return isinstance(blob, bytearray) and len(blob) > 0
 
 
 def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS) -> Any:

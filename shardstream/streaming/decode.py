@@ -85,29 +85,59 @@ def split_sample(
     Raises:
         DecodeError: A member does not decode; the message names shard and key.
     """
-    where = f"{sample.get('__url__', '?')}: key {sample.get('__key__', '?')!r}"
     image: Any = None
     label = -1
     fields: dict[str, Any] = {}
     for extension, value in sample.items():
-        if extension.startswith("__"):
+        role = _ROLES.get(extension) or _role(extension)
+        if role == _META:
             fields[extension] = value
-        elif image is None and codecs.is_image(extension):
-            image = _decode_one(value, extension, decode, min_side, where)
-        elif codecs.extension_of(extension) in codecs.LABEL_EXTENSIONS and label == -1:
-            label = int(codecs.decode_member(extension, value, where))
+        elif image is None and role == _IMAGE:
+            image = _decode_one(value, extension, decode, min_side, sample)
+        elif role == _LABEL and label == -1:
+            try:
+                label = int(value if isinstance(value, bytes) else bytes(value))
+            except ValueError:  # decode_member raises the error that names shard and key
+                label = int(codecs.decode_member(extension, value, _where(sample)))
         else:
-            fields[extension] = codecs.decode_member(extension, value, where, allow_pickle)
+            fields[extension] = codecs.decode_member(extension, value, _where(sample), allow_pickle)
     return image, label, fields
 
 
+_META, _IMAGE, _LABEL, _FIELD = 1, 2, 3, 4
+#: Member extension -> its role in a sample (a few distinct extensions per dataset).
+_ROLES: dict[str, int] = {}
+
+
+def _role(extension: str) -> int:
+    if extension.startswith("__"):
+        role = _META
+    elif codecs.is_image(extension):
+        role = _IMAGE
+    elif codecs.extension_of(extension) in codecs.LABEL_EXTENSIONS:
+        role = _LABEL
+    else:
+        role = _FIELD
+    if len(_ROLES) < 4096:
+        _ROLES[extension] = role
+    return role
+
+
+def _where(sample: dict[str, Any]) -> str:
+    return f"{sample.get('__url__', '?')}: key {sample.get('__key__', '?')!r}"
+
+
 def _decode_one(
-    data: bytes, extension: str, decode: str | ImageDecoder, min_side: int | None, where: str
+    data: bytes,
+    extension: str,
+    decode: str | ImageDecoder,
+    min_side: int | None,
+    sample: dict[str, Any],
 ) -> Any:
     if decode == "raw":
         return data
     try:
-        if callable(decode):  # users' decoders get bytes; ours take the reader's bytearray too
+        if callable(decode):  # users' decoders get bytes; ours take the reader's buffer too
             return decode(data if isinstance(decode, CropDecoder) else bytes(data), extension)
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {DECODE_MODES} or a callable, got {decode!r}")
@@ -116,8 +146,8 @@ def _decode_one(
         raise
     except Exception as error:
         raise DecodeError(
-            f"{where}: image member {extension!r} ({len(data)} bytes) does not decode: {error}. "
-            "Rebuild the shard, or pass on_error='skip' to skip and count such samples."
+            f"{_where(sample)}: image member {extension!r} ({len(data)} bytes) does not decode: "
+            f"{error}. Rebuild the shard, or pass on_error='skip' to skip and count such samples."
         ) from error
 
 
@@ -135,8 +165,8 @@ class SampleConverter:
         transform: Applied to each decoded image, or None.
         output: ``"pair"`` or ``"dict"``.
         allow_pickle: Unpickle ``.pyd``/``.pth`` members.
-        batched: Samples are collated afterwards: raw images may stay the reader's
-            ``bytearray`` (packed without a copy); otherwise they are handed out as ``bytes``.
+        batched: Samples are collated afterwards: raw images may stay the reader's buffer (a
+            ``memoryview``, packed without a copy); otherwise they are handed out as ``bytes``.
 
     Example:
         >>> convert = SampleConverter("raw")
@@ -165,10 +195,12 @@ class SampleConverter:
     def __call__(self, sample: dict[str, Any]) -> Any:
         decode = self._crop_decoder or self.decode  # the crop decoder also transforms
         image, label, fields = split_sample(sample, decode, self._min_side, self.allow_pickle)
+        if isinstance(image, (bytearray, memoryview)) and not (
+            self.batched and self.transform is None
+        ):
+            image = bytes(image)  # raw images leave as bytes, except into a batch (packed)
         if self.transform is not None and image is not None and self._crop_decoder is None:
             image = self.transform(image)
-        elif isinstance(image, bytearray) and not self.batched:
-            image = bytes(image)
         if self.output == "pair":
             return image, label
         return {**fields, "image": image, "label": label}

@@ -261,9 +261,10 @@ def decode_jpeg_rgb(data: bytes) -> Any:
     import torch
     from torchvision import io as tvio
 
-    encoded = torch.frombuffer(
-        data if isinstance(data, bytearray) else bytearray(data), dtype=torch.uint8
+    writable = isinstance(data, bytearray) or (
+        isinstance(data, memoryview) and not data.readonly and data.contiguous
     )
+    encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

