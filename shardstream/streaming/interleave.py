@@ -93,34 +93,40 @@ class Interleave:
         return [found[ref] for ref in refs]
 
     def __iter__(self) -> Iterator[tuple[Ref, Any]]:
-        streams = [self._start(p, done) for p, done in self._open]
+        opened, lengths, below = self._open, self._lengths, self._draws.below
+        streams = [self._start(p, done) for p, done in opened]
         try:
             while True:
-                while len(self._open) < self._num_open and self._next < len(self._order):
-                    piece = self._order[self._next]
-                    self._next += 1
-                    if self._lengths[piece] != 0:
-                        self._open.append([piece, 0])
-                        streams.append(self._start(piece, 0))
-                if not self._open:
+                if len(opened) < self._num_open and self._next < len(self._order):
+                    self._fill(opened, streams)
+                if not opened:
                     return
-                pick = self._draws.below(len(self._open)) if len(self._open) > 1 else 0
-                entry = self._open[pick]
+                pick = below(len(opened)) if len(opened) > 1 else 0
+                entry = opened[pick]
                 sample = next(streams[pick], _END)
                 if sample is _END:  # only for unknown lengths: known ones raise when short
-                    del self._open[pick]
+                    del opened[pick]
                     _close(streams.pop(pick))
                     continue
                 ref = (entry[0], entry[1])
                 entry[1] += 1
-                length = self._lengths[entry[0]]
+                length = lengths[entry[0]]
                 if length is not None and entry[1] >= length:
-                    del self._open[pick]
+                    del opened[pick]
                     _close(streams.pop(pick))
                 yield ref, sample
         finally:
             for stream in streams:
                 _close(stream)
+
+    def _fill(self, opened: list[list[int]], streams: list[Iterator[Any]]) -> None:
+        """Open the next pieces in order until ``num_open`` are open (empty ones skipped)."""
+        while len(opened) < self._num_open and self._next < len(self._order):
+            piece = self._order[self._next]
+            self._next += 1
+            if self._lengths[piece] != 0:
+                opened.append([piece, 0])
+                streams.append(self._start(piece, 0))
 
 
 def _close(stream: Iterator[Any]) -> None:

@@ -237,9 +237,21 @@ def read_piece(
         >>> samples = list(read_piece(pool, "shard-000000.tar", 0, 4))  # doctest: +SKIP
     """
     url = pool.store.shown(name)
-    if sample_offsets is not None:
-        yield from _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes)
-        return
+    if sample_offsets is not None:  # (returned, not delegated to: one generator less per sample)
+        return _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes)
+    return _walk_piece(pool, name, url, start, stop, index, max_member_bytes)
+
+
+def _walk_piece(
+    pool: HandlePool,
+    name: str,
+    url: str,
+    start: int,
+    stop: int | None,
+    index: OffsetIndex | None,
+    max_member_bytes: int,
+) -> Iterator[Sample]:
+    """Samples ``start..stop-1`` found by walking the shard from the last known offset."""
     offsets = index.get(name) if index is not None else []
     with pool.lend(name) as stream:
         reader = open_tar(stream, url, max_member_bytes)

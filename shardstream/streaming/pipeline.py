@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -68,14 +69,18 @@ def guard_piece(
     The rest of a broken piece becomes ``None`` placeholders, so batch boundaries (and thus the
     equal batch counts across ranks) do not move.
     """
+    if on_error != "skip":
+        return samples  # errors propagate as they are: no layer to pass through
+    return _guarded(samples, count, skipped)
+
+
+def _guarded(samples: Iterator[Any], count: int | None, skipped: list[int]) -> Iterator[Any]:
     produced = 0
     try:
         for sample in samples:
             produced += 1
             yield sample
     except (ShardFormatError, StorageError) as error:
-        if on_error != "skip":
-            raise
         missing = 1 if count is None else count - produced
         skipped[0] += missing
         logger.warning("skipping %d sample(s): %s", missing, error)
@@ -163,7 +168,7 @@ def _slots(job: WorkerJob, stages: ShuffleBuffer) -> Iterator[Any]:
     known = all(length is not None for length in job.lengths)
     if job.skip_samples and known:
         stages.load_state_dict(fast_forward(job))
-    slots: Iterator[Any] = (sample for _, sample in stages)
+    slots: Iterator[Any] = map(operator.itemgetter(1), stages)  # the samples, not their refs
     if job.skip_samples and not known:  # no manifest: replay and skip (read, not decoded)
         slots = itertools.islice(slots, job.skip_samples, None)
     return slots

@@ -21,6 +21,7 @@ MAX_EXTENDED_BYTES = 1 << 20
 _PAX_LENGTH_DIGITS = 20
 _HALVES = bytes(value >> 1 for value in range(256))
 _ADLER_MOD = 65521
+_OCTAL = b"01234567"
 
 
 def padded(size: int) -> int:
@@ -37,7 +38,7 @@ def check_header(header: bytes, url: str, offset: int) -> tuple[int, bytes]:
     field = header[148:156]
     stored = field.split(b"\0", 1)[0].strip()
     expected = byte_sum(header) - sum(field) + 8 * 32
-    if not (_is_octal(stored) and int(stored, 8) == expected):
+    if not stored or stored.strip(_OCTAL) or int(stored, 8) != expected:
         raise ShardFormatError(
             f"{url}: no valid tar header at byte offset {offset} (bad checksum); expected a tar "
             "(optionally gzipped) archive. The shard is corrupt or not a tar file."
@@ -46,7 +47,7 @@ def check_header(header: bytes, url: str, offset: int) -> tuple[int, bytes]:
     if raw_size[0] == 0x80:  # GNU base-256 for sizes >= 8 GiB (0xff would be negative)
         return int.from_bytes(raw_size[1:], "big"), header[156:157]
     digits = raw_size.split(b"\0", 1)[0].strip()
-    if digits and not _is_octal(digits):
+    if digits.strip(_OCTAL):
         raise ShardFormatError(
             f"{url}: tar header at byte offset {offset} has a malformed size field {raw_size!r} "
             "(expected octal digits); the shard is corrupt."
@@ -64,10 +65,6 @@ def byte_sum(block: bytes) -> int:
     low = zlib.adler32(block) & 0xFFFF
     half = (zlib.adler32(block.translate(_HALVES)) & 0xFFFF) - 1
     return 2 * half + (low - 1 - 2 * half) % _ADLER_MOD
-
-
-def _is_octal(digits: bytes) -> bool:
-    return bool(digits) and not digits.strip(b"01234567")
 
 
 def header_name(header: bytes) -> str:
