@@ -105,47 +105,30 @@ def _add_build(subparsers: Any) -> None:
     parser.add_argument("source", help="ImageFolder directory, or a .csv/.jsonl list")
     parser.add_argument("dest", help="output folder or fsspec URL")
     parser.add_argument(
-        "--max-samples-per-shard",
-        type=int,
-        default=None,
-        metavar="N",
+        "--max-samples-per-shard", type=int, default=None, metavar="N",
         help="most samples per shard (default: limited by bytes only)",
     )
     parser.add_argument(
-        "--max-bytes-per-shard",
-        type=parse_size,
-        default="256MB",
-        metavar="SIZE",
+        "--max-bytes-per-shard", type=parse_size, default="256MB", metavar="SIZE",
         help="most bytes per shard, e.g. 256MB or 1GiB (default: 256MB)",
     )
     parser.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
+        "--workers", type=int, default=1, metavar="N",
         help="worker processes; the output is identical for any N (default: 1)",
     )
     order = parser.add_mutually_exclusive_group()
     order.add_argument("--seed", type=int, default=0, metavar="S", help="shuffle seed (default: 0)")
     order.add_argument("--no-shuffle", action="store_true", help="keep source order")
     parser.add_argument(
-        "--resize",
-        type=int,
-        default=None,
-        metavar="SHORTER_SIDE",
+        "--resize", type=int, default=None, metavar="SHORTER_SIDE",
         help="shrink images to this shorter side and write JPEG (default: original bytes)",
     )
     parser.add_argument(
-        "--quality",
-        type=int,
-        default=None,
-        metavar="Q",
+        "--quality", type=int, default=None, metavar="Q",
         help="JPEG quality when re-encoding, 1-100 (default: 90 with --resize)",
     )
     parser.add_argument(
-        "--on-error",
-        choices=("raise", "skip"),
-        default="raise",
+        "--on-error", choices=("raise", "skip"), default="raise",
         help="stop at a corrupt file, or skip it and list it in the manifest (default: raise)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")

@@ -200,7 +200,9 @@ def load_chunk_records(state: Store, num_chunks: int) -> dict[int, ChunkResult]:
 
 def _part_present(dest: Store, state: Store, part: ShardInfo, final: str) -> bool:
     """The part exists with its recorded size (still in the state, or renamed to ``final``)."""
-    if part.index is not None and not (state.exists(part.index) or dest.exists(index_name(final))):
+    if part.index is not None and not (
+        state.exists(part.index) or dest.exists(index_name(final))
+    ):
         return False
     return _has_size(state, part.name, part.num_bytes) or _has_size(dest, final, part.num_bytes)
 
@@ -225,7 +227,8 @@ def drop_incomplete(
             index
             for index, result in records.items()
             for part, final in names
-            if part in result.shards and not _part_present(dest, state, part, final)
+            if part in result.shards
+            and not _part_present(dest, state, part, final)
         }
         return {i: r for i, r in records.items() if i not in bad}
     return {

@@ -78,7 +78,7 @@ def pack_bytes(
     import torch
 
     shared = in_worker() if shared is None else shared
-    if not shared and all(_writable(blob) for blob in blobs):
+    if not shared and all(writable_bytes(blob) for blob in blobs):
         # Nothing crosses a process: wrap the reader's own buffers, no copy.
         return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
     bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
@@ -89,7 +89,8 @@ def pack_bytes(
     return ByteViews(buffer, bounds)
 
 
-def _writable(blob: Any) -> bool:
+def writable_bytes(blob: Any) -> bool:
+    """True for a non-empty buffer ``torch.frombuffer`` can wrap without a copy or a warning."""
     if isinstance(blob, memoryview):
         return not blob.readonly and blob.nbytes > 0 and blob.contiguous
     return isinstance(blob, bytearray) and len(blob) > 0

@@ -35,6 +35,7 @@ import numpy as np
 
 from shardstream import codecs
 from shardstream.streaming import jpegcrop
+from shardstream.streaming.batch import writable_bytes
 
 __all__ = ["CropDecoder", "FusedTail", "crop_decoder_for", "fuse_tail"]
 
@@ -261,10 +262,7 @@ def decode_jpeg_rgb(data: bytes) -> Any:
     import torch
     from torchvision import io as tvio
 
-    writable = isinstance(data, bytearray) or (
-        isinstance(data, memoryview) and not data.readonly and data.contiguous
-    )
-    encoded = torch.frombuffer(data if writable else bytearray(data), dtype=torch.uint8)
+    encoded = torch.frombuffer(data if writable_bytes(data) else bytearray(data), dtype=torch.uint8)
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",

@@ -51,9 +51,9 @@ def read_plain_sample(
         try:
             size, kind = check_header(header, url, begin + position)
             if kind in (b"x", b"L"):  # a PAX or GNU long-name header for the next member
-                extra = bytes(view[start : start + size])
                 if size > MAX_EXTENDED_BYTES or start + padded(size) > length:
                     return None
+                extra = bytes(view[start : start + size])
                 if kind == b"L":
                     name = extra.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
                 else:
