@@ -1,13 +1,15 @@
 """Loading benchmark: ImageFolder vs webdataset vs DALI CPU vs shardstream vs the decode limit.
 
 One ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) is packed once with
-shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch
-in a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode)
-and "train" (decode + RandomResizedCrop(224) + flip + float tensor normalised with ImageNet's
-mean and std). "limit" decodes and transforms bytes already in memory in a tight loop (one core;
-scaled by the worker count for ratios). Peak memory is the sum of RSS over the process and its
-DataLoader workers, sampled. CPU ms/sample is the CPU time (user + system) of the row's whole
-process tree, DataLoader workers and DALI threads included, per sample.
+shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch in
+a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode) and
+"train" (decode + RandomResizedCrop(224) + flip + float tensor normalised with ImageNet's mean and
+std); raw mode also runs shardstream with ``memory_map=False``. "limit" decodes and transforms
+bytes already in memory in a tight loop (one core; scaled by the worker count for ratios). Peak
+memory is the sum of RSS over the process and its DataLoader workers, sampled; it counts shared
+memory in every process that maps it, and the page-cache pages of memory-mapped shards. CPU
+ms/sample is the CPU time (user + system) of the row's whole process tree, DataLoader workers and
+DALI threads included, per sample.
 
 Train mode also runs NVIDIA DALI's CPU pipeline on the same shards (``benchmarks/_dali.py``; it
 needs ``pip install nvidia-dali-cuda130`` and is skipped with a note otherwise), with as many
@@ -43,7 +45,11 @@ from _data import DATA_ROOT, imagenet_like, tiny_tree
 
 BATCH = 64
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-LABELS = {"shardstream-fastjpeg": "shardstream[fastjpeg]", "dali": "DALI CPU"}
+LABELS = {
+    "shardstream-fastjpeg": "shardstream[fastjpeg]",
+    "shardstream-read": "shardstream, memory_map=False",
+    "dali": "DALI CPU",
+}
 
 
 def cpu_seconds() -> float:
@@ -128,13 +134,14 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
             ds = ds.decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
         collate = (lambda b: b) if mode == "raw" else None
         return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate)
-    from shardstream.streaming import StreamingDataset
+    from shardstream.streaming import StreamingDataset, StreamOptions
 
     ds = StreamingDataset(
         paths["shards"],
         decode="raw" if mode == "raw" else "pil",
         transform=transform,
         batch_size=BATCH,
+        options=StreamOptions(memory_map=row != "shardstream-read"),
     )
     del torch
     return DataLoader(ds, batch_size=None, num_workers=workers)
@@ -380,11 +387,13 @@ def has_nvimgcodec() -> bool:
 
 def rows_for(mode: str, paths: dict) -> list[str]:
     """The loaders measured in ``mode``: DALI in train mode when installed, shardstream with
-    and without nvImageCodec when it is installed."""
+    and without nvImageCodec when it is installed, and in raw mode also without memory maps."""
     rows = ["imagefolder", "webdataset"]
     if mode == "train" and "dali_tars" in paths:
         rows.append("dali")
     rows.append("shardstream")
+    if mode == "raw":
+        rows.append("shardstream-read")
     if mode == "train" and has_nvimgcodec():
         rows.append("shardstream-fastjpeg")
     return rows

@@ -266,6 +266,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             skip_samples=plan.skip_samples,
             on_error=self.on_error,
             max_member_bytes=self.options.max_member_bytes,
+            memory_map=self.options.memory_map,
             tag_streams=self.mixture is not None,
         )
         collate = functools.partial(

@@ -33,6 +33,10 @@ class StreamOptions:
         max_member_bytes: Largest tar member read into memory (1 GiB). A header declaring more,
             or more than the rest of the shard, is a ``ShardFormatError`` (skipped and counted
             with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
+        memory_map: Read local shards that have an index through copy-on-write memory maps
+            (no copy and no private memory per buffered sample; see
+            :mod:`shardstream.streaming.tarfast`). A shard truncated in place while mapped
+            fails with SIGBUS, as with any memory-mapped reader; False reads with ``readinto``.
         batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
             the training process has freed a batch (Linux). 0 allocates a new segment per
             batch, as PyTorch does; more helps only when batches are held longer.
@@ -53,6 +57,7 @@ class StreamOptions:
     output: str = "pair"
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    memory_map: bool = True
     batch_buffers: int = 6
     storage_options: Mapping[str, Any] | None = None
     read_options: ReadOptions | None = None

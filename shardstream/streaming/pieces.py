@@ -22,7 +22,7 @@ from typing import IO
 from shardstream.errors import ShardFormatError
 from shardstream.shardindex import decode_offsets
 from shardstream.storage import Store, is_local_url
-from shardstream.streaming.tarfast import read_plain_sample
+from shardstream.streaming.tarfast import SampleMap, parse_plain_sample, read_plain_sample
 from shardstream.streaming.tario import (
     DEFAULT_MAX_MEMBER_BYTES,
     Sample,
@@ -219,13 +219,16 @@ def read_piece(
     index: OffsetIndex | None = None,
     sample_offsets: Sequence[int] | None = None,
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES,
+    memory_map: bool = True,
 ) -> Iterator[Sample]:
     """Yield samples ``start..stop-1`` of shard ``name`` (to the end when ``stop`` is None).
 
     Handles come from ``pool`` (open local files are reused across pieces). With
     ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
-    read; without, the shard is walked from the last offset ``index`` knows. No member larger
-    than ``max_member_bytes`` is read into memory. Samples carry the shard's URL (without
+    read, and with ``memory_map`` a local shard's samples are views of a memory map (see
+    :class:`~shardstream.streaming.tarfast.SampleMap`); without an index, the shard is walked
+    from the last offset ``index`` knows. No member larger than ``max_member_bytes`` is read
+    into memory. Samples carry the shard's URL (without
     credentials) as ``__url__``, and errors name it.
 
     Raises:
@@ -238,7 +241,8 @@ def read_piece(
     """
     url = pool.store.shown(name)
     if sample_offsets is not None:  # (returned, not delegated to: one generator less per sample)
-        return _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes)
+        mapped = memory_map and is_local_url(pool.store.url(name))
+        return _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes, mapped)
     return _walk_piece(pool, name, url, start, stop, index, max_member_bytes)
 
 
@@ -280,6 +284,7 @@ def _read_range(
     stop: int | None,
     offsets: Sequence[int],
     max_member_bytes: int,
+    memory_map: bool,
 ) -> Iterator[Sample]:
     """Samples ``start..stop-1`` read from exactly their bytes, as the shard's index says.
 
@@ -297,9 +302,16 @@ def _read_range(
     begin, end, limit = offsets[start], offsets[stop], max_member_bytes
     previous = ""  # the last key read, which errors name
     with pool.lend(name, begin, end) as stream:
+        mapped = SampleMap(stream, offsets, stop) if memory_map else None
         for ordinal in range(start, stop):
             here, after = offsets[ordinal], offsets[ordinal + 1]
-            sample = read_plain_sample(stream, url, here, after, limit)
+            if mapped is None:
+                sample = read_plain_sample(stream, url, here, after, limit)
+            elif after - here <= limit and (view := mapped.view(ordinal)) is not None:
+                sample = parse_plain_sample(view, url, here)
+            else:  # too large (the full reader reports it) or not mappable: read it
+                stream.seek(here)
+                sample = read_plain_sample(stream, url, here, after, limit)
             if sample is None:  # not plain ustar, or broken: the full reader handles or reports
                 stream.seek(here)
                 reader = TarReader(stream, url, True, here, after, None, limit)

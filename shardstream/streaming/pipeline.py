@@ -42,6 +42,7 @@ class WorkerJob:
         skip_samples: Samples of this worker already consumed (resume).
         on_error: ``"raise"`` or ``"skip"``.
         max_member_bytes: Largest tar member read into memory.
+        memory_map: Read indexed local shards through memory maps.
         tag_streams: Add ``__stream__`` (the shard's store number) to every sample.
     """
 
@@ -53,6 +54,7 @@ class WorkerJob:
     skip_samples: int = 0
     on_error: str = "raise"
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
+    memory_map: bool = True
     tag_streams: bool = False
 
     @property
@@ -113,7 +115,14 @@ def _real_opener(
             offsets = indexes[shard.store].get(shard.index, shard.num_samples, shard.num_bytes)
         pool = pools[shard.store]
         samples = read_piece(
-            pool, shard.name, piece.start + start, end, index, offsets, job.max_member_bytes
+            pool,
+            shard.name,
+            piece.start + start,
+            end,
+            index,
+            offsets,
+            job.max_member_bytes,
+            job.memory_map,
         )
         if job.tag_streams:
             samples = _tagged(samples, shard.store)

@@ -1,0 +1,129 @@
+"""Memory-mapped reads of indexed local shards: same samples, no copies, bounded and safe."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import pathlib
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from shardstream.storage import Store
+from shardstream.streaming import StreamingDataset, StreamOptions
+from shardstream.streaming.pieces import HandlePool, read_piece
+from shardstream.streaming.tarfast import SampleMap, parse_plain_sample
+from shardstream.streaming.tario import iter_samples, open_tar
+from tests.streaming.shards import make_dataset, tiny_jpeg
+
+
+def _shard(tmp_path: pathlib.Path, count: int = 9) -> tuple[pathlib.Path, list[int]]:
+    """A webdataset-written shard and its index (sample starts, then the end of the last)."""
+    import webdataset as wds
+
+    path = tmp_path / "shard.tar"
+    with wds.TarWriter(str(path)) as sink:
+        for index in range(count):
+            sink.write({"__key__": f"k{index}", "jpg": tiny_jpeg(index), "cls": index})
+    with open(path, "rb") as stream:
+        offsets = [offset for _, offset in iter_samples(open_tar(stream, str(path)), False)]
+        stream.seek(0)
+        reader = open_tar(stream, str(path))
+        while reader.next_member() is not None:  # where the last member ends, as an index says
+            end = reader.offset
+    return path, [*offsets, end]
+
+
+def _read(path: pathlib.Path, offsets: list[int], memory_map: bool) -> list[dict]:
+    pool = HandlePool(Store(path.parent), max_idle=0)
+    return list(read_piece(pool, path.name, 0, None, None, offsets, memory_map=memory_map))
+
+
+def test_mapped_samples_equal_read_samples_and_share_the_page_cache(
+    tmp_path: pathlib.Path,
+) -> None:
+    path, offsets = _shard(tmp_path)
+    mapped, read = _read(path, offsets, True), _read(path, offsets, False)
+    assert mapped == read and [s["jpg"] for s in mapped] == [tiny_jpeg(i) for i in range(9)]
+    assert all(isinstance(s["jpg"].obj, mmap.mmap) for s in mapped)  # views of the mapping
+    assert all(isinstance(s["jpg"].obj, np.ndarray) for s in read)  # one buffer per sample
+    assert len({id(s["jpg"].obj) for s in mapped}) == 1  # one window for this small piece
+
+
+def test_mapped_views_are_copy_on_write(tmp_path: pathlib.Path) -> None:
+    path, offsets = _shard(tmp_path)
+    before = path.read_bytes()
+    sample = _read(path, offsets, True)[3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a read-only buffer would warn here
+        image = torch.frombuffer(sample["jpg"], dtype=torch.uint8)
+    image.zero_()  # changes this process's copy of the page only
+    assert bytes(sample["jpg"]) == bytes(len(tiny_jpeg(3)))
+    assert path.read_bytes() == before
+    assert _read(path, offsets, True)[3]["jpg"] == tiny_jpeg(3)
+
+
+def test_windows_are_bounded_and_unmapped_when_released(tmp_path: pathlib.Path) -> None:
+    path, offsets = _shard(tmp_path, 12)
+    window = offsets[4] - offsets[0]  # about four samples a window
+    with open(path, "rb") as stream:
+        samples = SampleMap(stream, offsets, 12, window=window)
+        views = [samples.view(ordinal) for ordinal in range(12)]
+    assert all(view is not None for view in views)
+    mappings = {id(view.obj): view.obj for view in views if view is not None}
+    assert len(mappings) >= 3
+    assert all(len(m) <= window + mmap.ALLOCATIONGRANULARITY for m in mappings.values())
+    parsed = [parse_plain_sample(v, "shard.tar", 0) for v in views if v is not None]
+    assert [s["jpg"] for s in parsed if s is not None] == [tiny_jpeg(i) for i in range(12)]
+    del parsed
+    first = weakref.ref(next(iter(mappings.values())))
+    del views, mappings, samples
+    gc.collect()
+    assert first() is None  # unmapped once no view is left
+
+
+def test_a_shard_shorter_than_its_index_is_read_not_mapped(tmp_path: pathlib.Path) -> None:
+    """Mapping bytes past the end of a file would kill the process with SIGBUS; the reader
+    reports the truncation instead."""
+    path, offsets = _shard(tmp_path)
+    path.write_bytes(path.read_bytes()[: offsets[6] + 700])
+    with open(path, "rb") as stream:
+        assert not SampleMap(stream, offsets, 9).usable
+        assert SampleMap(stream, offsets, 5).usable  # samples before the cut can be mapped
+    with pytest.raises(Exception, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"):
+        _read(path, offsets, True)
+
+
+def test_a_failed_mapping_falls_back_to_reading(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, offsets = _shard(tmp_path)
+
+    def refuse(*args: object, **kwargs: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")  # e.g. vm.max_map_count reached
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    samples = _read(path, offsets, True)
+    assert [s["jpg"] for s in samples] == [tiny_jpeg(i) for i in range(9)]
+    assert all(isinstance(s["jpg"].obj, np.ndarray) for s in samples)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_are_the_same_with_and_without_memory_maps(
+    tmp_path: pathlib.Path, workers: int
+) -> None:
+    root, _ = make_dataset(tmp_path, 40, 7)
+
+    def epoch(memory_map: bool) -> list[tuple[list[bytes], list[int]]]:
+        options = StreamOptions(memory_map=memory_map, num_open=3, piece_size=4)
+        ds = StreamingDataset(root, decode="raw", batch_size=8, seed=3, options=options)
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+        return [([bytes(t.numpy()) for t in images], labels.tolist()) for images, labels in loader]
+
+    mapped = epoch(True)
+    assert mapped == epoch(False)
+    assert sum(len(labels) for _, labels in mapped) == 40
