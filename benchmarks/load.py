@@ -30,65 +30,24 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import contextlib
 import importlib.util
-import resource
 
 from _dali import dali_version, run_dali_epoch, write_dali_indexes
 from _data import DATA_ROOT, imagenet_like, tiny_tree
+from _extra import class_mix, report_extra, startup
+from _measure import BATCH, PeakRss, cpu_seconds
 
-BATCH = 64
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 LABELS = {
     "shardstream-fastjpeg": "shardstream[fastjpeg]",
     "shardstream-read": "shardstream, memory_map=False",
     "dali": "DALI CPU",
 }
-
-
-def cpu_seconds() -> float:
-    """User + system CPU time of this process and of its children that have been waited for."""
-    total = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        usage = resource.getrusage(who)
-        total += usage.ru_utime + usage.ru_stime
-    return total
-
-
-class PeakRss:
-    """Samples the summed RSS of this process and its children every 200 ms.
-
-    Listing children scans /proc; doing it every 20 ms cost the measured process a visible share
-    of a core and of the GIL, which slowed some loaders more than others.
-    """
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.peak, self._stop = 0, threading.Event()
-        self._process = psutil.Process()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = 0
-            for proc in [self._process, *self._process.children(recursive=True)]:
-                with contextlib.suppress(Exception):
-                    total += proc.memory_info().rss
-            self.peak = max(self.peak, total)
-            self._stop.wait(0.2)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return self.peak / 2**20
 
 
 def transform_for(mode: str):  # type: ignore[no-untyped-def]
@@ -218,52 +177,6 @@ def run_limit(mode: str, paths: dict) -> dict:
         "mb": memory.stop(),
         "cpu_ms": (cpu_seconds() - cpu) / len(blobs) * 1000,
     }
-
-
-def class_mix(row: str, paths: dict) -> float:
-    """Mean distinct classes per batch / expected under uniform sampling (class-ordered shards)."""
-    from torch.utils.data import DataLoader
-
-    num_classes = paths["num_classes"]
-    if row == "webdataset":
-        import webdataset as wds
-
-        urls = sorted(str(p) for p in Path(paths["ordered"]).glob("shard-*.tar"))
-        ds = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(1000)
-        loader = DataLoader(
-            ds.to_tuple("cls"),
-            batch_size=BATCH,
-            num_workers=2,
-            collate_fn=lambda b: [int(x[0]) for x in b],
-        )
-        batches = list(loader)
-    else:
-        from shardstream.streaming import StreamingDataset
-
-        ds = StreamingDataset(paths["ordered"], decode="raw", batch_size=BATCH)
-        batches = [labels.tolist() for _, labels in DataLoader(ds, batch_size=None, num_workers=2)]
-    uniform = num_classes * (1 - (1 - 1 / num_classes) ** BATCH)
-    full = [b for b in batches if len(b) == BATCH]
-    return sum(len(set(b)) for b in full) / len(full) / uniform
-
-
-def startup(row: str, paths: dict) -> dict:
-    """Time to first batch and peak memory on the tiny-sample tree (or its shards)."""
-    from torch.utils.data import DataLoader
-
-    memory = PeakRss()
-    start = time.perf_counter()
-    if row == "imagefolder":
-        from torchvision.datasets import ImageFolder
-
-        ds = ImageFolder(paths["tiny"], loader=lambda p: Path(p).read_bytes())
-        next(iter(DataLoader(ds, batch_size=BATCH, shuffle=True, collate_fn=lambda b: b)))
-    else:
-        from shardstream.streaming import StreamingDataset
-
-        ds = StreamingDataset(paths["tiny_shards"], decode="raw", batch_size=BATCH)
-        next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
-    return {"first_s": time.perf_counter() - start, "mb": memory.stop()}
 
 
 def warm_page_cache(row: str, paths: dict) -> None:
@@ -438,7 +351,7 @@ def main() -> None:
                 f"{limit.get('cpu_ms', 0):.2f} | - | {limit.get('mb', 0):.0f} |"
             )
     if not args.no_extra:
-        report_extra(args, paths)
+        report_extra(args, paths, spawn)
 
 
 def print_rows(mode: str, workers: int, results: dict, limit: dict) -> None:
@@ -457,33 +370,6 @@ def print_rows(mode: str, workers: int, results: dict, limit: dict) -> None:
             f"| {mode} | {workers} | {name} | {r['per_s']:.0f} | {vs} | {r['cpu_ms']:.2f} | "
             f"{r['first_s']:.2f} | {r['mb']:.0f} |"
         )
-
-
-def report_extra(args: argparse.Namespace, paths: dict) -> None:
-    print("\n| extra | loader | result |\n|---|---|---|")
-    for row in ("webdataset", "shardstream"):
-        r = spawn({"kind": "mix", "row": row, "paths": paths})
-        print(
-            f"| class mix, class-ordered shards (uniform = 1.00) | {row} | "
-            f"{r.get('mix', float('nan')):.2f} {r.get('error', '')} |"
-        )
-    if args.tiny:
-        for row in ("imagefolder", "shardstream"):
-            r = spawn({"kind": "startup", "row": row, "paths": paths})
-            print(
-                f"| start-up at {args.tiny} tiny samples | {row} | "
-                f"{r.get('first_s', float('nan')):.2f} s to first batch, "
-                f"{r.get('mb', float('nan')):.0f} MB {r.get('error', '')} |"
-            )
-    for row in ("imagefolder", "shardstream"):
-        r = spawn({"kind": "cold", "row": row, "mode": "raw", "workers": 2, "paths": paths})
-        if "error" in r:
-            print(
-                f"| cold cache, raw, 2 workers | {row} | skipped: cannot drop the page cache "
-                f"({r['error'][:80]}) |"
-            )
-        else:
-            print(f"| cold cache, raw, 2 workers | {row} | {r['per_s']:.0f} samples/s |")
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ from shardstream.streaming.tario import FILE_TYPES, MAX_MEMBERS_PER_SAMPLE, Samp
 __all__ = ["MAP_WINDOW_BYTES", "SampleMap", "parse_plain_sample", "read_plain_sample"]
 
 #: Most bytes of a shard mapped at once. A mapping stays until every sample in it is released,
-#: so this bounds the shard bytes that one held sample keeps mapped (64 x 70 KB JPEGs is 4.5 MB).
-MAP_WINDOW_BYTES = 8 << 20
+#: so this bounds the shard bytes that one held sample keeps mapped (about 14 JPEGs of 70 KB).
+MAP_WINDOW_BYTES = 1 << 20
 
 
 class SampleMap:
