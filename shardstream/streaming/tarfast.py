@@ -15,6 +15,7 @@ does, and ``rsync``), or pass ``StreamOptions(memory_map=False)``.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Sequence
@@ -98,8 +99,9 @@ class SampleMap:
         except (OSError, ValueError):  # e.g. the process's limit on mappings: read from now on
             self.usable, self._view = False, None
             return None
-        if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
-            mapping.madvise(mmap.MADV_WILLNEED)  # a cold cache reads the window ahead at once
+        if hasattr(mmap, "MADV_WILLNEED"):  # a cold cache reads the window ahead at once
+            with contextlib.suppress(OSError):  # only advice: reading works without it
+                mapping.madvise(mmap.MADV_WILLNEED)
         self._view, self._base, self._end = memoryview(mapping), base, offsets[last]
         return self._view
 
