@@ -8,6 +8,7 @@ from typing import Any
 
 from shardstream.manifest import Manifest
 from shardstream.shardwriter import build_shards
+from shardstream.streaming.tario import iter_samples, open_tar
 from tests.conftest import encode_image
 
 
@@ -58,3 +59,16 @@ def keys_of(batches: Any) -> list[str]:
         value = item["__key__"]
         keys.extend(value if isinstance(value, list) else [value])
     return keys
+
+
+def sample_offsets(path: pathlib.Path) -> list[int]:
+    """A tar's offsets as a shardstream index lists them: where each sample starts, then where
+    its last member ends (before the end-of-archive blocks)."""
+    with open(path, "rb") as stream:
+        offsets = [offset for _, offset in iter_samples(open_tar(stream, str(path)), False)]
+        stream.seek(0)
+        reader = open_tar(stream, str(path))
+        end = 0
+        while reader.next_member() is not None:
+            end = reader.offset
+    return [*offsets, end]

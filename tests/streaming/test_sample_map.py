@@ -17,8 +17,7 @@ from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
 from shardstream.streaming.pieces import HandlePool, read_piece
 from shardstream.streaming.tarfast import SampleMap, parse_plain_sample
-from shardstream.streaming.tario import iter_samples, open_tar
-from tests.streaming.shards import make_dataset, tiny_jpeg
+from tests.streaming.shards import make_dataset, sample_offsets, tiny_jpeg
 
 
 def _shard(tmp_path: pathlib.Path, count: int = 9) -> tuple[pathlib.Path, list[int]]:
@@ -29,13 +28,7 @@ def _shard(tmp_path: pathlib.Path, count: int = 9) -> tuple[pathlib.Path, list[i
     with wds.TarWriter(str(path)) as sink:
         for index in range(count):
             sink.write({"__key__": f"k{index}", "jpg": tiny_jpeg(index), "cls": index})
-    with open(path, "rb") as stream:
-        offsets = [offset for _, offset in iter_samples(open_tar(stream, str(path)), False)]
-        stream.seek(0)
-        reader = open_tar(stream, str(path))
-        while reader.next_member() is not None:  # where the last member ends, as an index says
-            end = reader.offset
-    return path, [*offsets, end]
+    return path, sample_offsets(path)
 
 
 def _read(path: pathlib.Path, offsets: list[int], memory_map: bool) -> list[dict]:

@@ -17,7 +17,7 @@ from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
 from shardstream.streaming.tarfast import read_plain_sample
 from shardstream.streaming.tarheader import byte_sum
 from shardstream.streaming.tario import iter_samples, open_tar, split_key
-from tests.streaming.shards import tiny_jpeg
+from tests.streaming.shards import sample_offsets, tiny_jpeg
 
 
 def _read(path: pathlib.Path) -> list[dict]:
@@ -143,15 +143,9 @@ class _RecordingPool(HandlePool):
         return super().lend(name, start, end)
 
 
-def _walked_offsets(path: pathlib.Path) -> list[int]:
-    with open(path, "rb") as stream:
-        offsets = [offset for _, offset in iter_samples(open_tar(stream, str(path)))]
-    return [*offsets, path.stat().st_size - 1024]
-
-
 def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 9)
-    offsets = _walked_offsets(path)
+    offsets = sample_offsets(path)
     calls: list[tuple[int, int | None]] = []
     pool = _RecordingPool(path, calls)
     keys = [s["__key__"] for s in read_piece(pool, path.name, 5, 8, None, offsets)]
@@ -164,7 +158,7 @@ def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Pa
 
 def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 9)
-    offsets = _walked_offsets(path)
+    offsets = sample_offsets(path)
     pool = _RecordingPool(path, [])
     wrong = [*offsets[:4], offsets[4] + 512, *offsets[5:]]
     with pytest.raises(ShardFormatError, match=r"shard\.tar: no valid tar header at byte offset"):
@@ -203,11 +197,7 @@ def test_reads_by_index_match_a_walk_whatever_the_headers(
 ) -> None:
     path = _styled_shard(tmp_path, style)
     walked = _read(path)
-    with open(path, "rb") as stream:  # where the last member ends, as a shardstream index says
-        reader = open_tar(stream, str(path))
-        while reader.next_member() is not None:
-            end = reader.offset
-    offsets = [*_walked_offsets(path)[:-1], end]
+    offsets = sample_offsets(path)
     indexed = list(read_piece(_pool(path), path.name, 0, 6, None, offsets))
     assert indexed == walked and len(walked) == 6
     # The fast path (memoryview data) takes every header style; only a sample whose range
@@ -219,7 +209,7 @@ def test_reads_by_index_match_a_walk_whatever_the_headers(
 
 def test_fast_path_refuses_what_the_full_reader_must_judge(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 3)
-    offsets = _walked_offsets(path)
+    offsets = sample_offsets(path)
     with open(path, "rb") as stream:  # two samples in one range: not the fast path's to judge
         assert read_plain_sample(stream, path.name, offsets[0], offsets[2], 1 << 20) is None
         stream.seek(offsets[0])  # a member over max_member_bytes
