@@ -241,7 +241,7 @@ def _spawn_once(task: dict) -> dict:
 
 def is_current(dest: Path) -> bool:
     """True when ``dest`` holds shards in the current format (every shard has its .idx index)."""
-    from shardstream.manifest import read_manifest
+    from shardstream.format.manifest import read_manifest
 
     if not (dest / "manifest.json").exists():
         return False

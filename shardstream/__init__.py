@@ -29,7 +29,7 @@ from shardstream.errors import (
     SourceError,
     StorageError,
 )
-from shardstream.manifest import Manifest, ShardInfo, read_manifest
+from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:

@@ -207,7 +207,7 @@ def _add_inspect(subparsers: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from shardstream.manifest import read_manifest
+    from shardstream.format.manifest import read_manifest
 
     manifest = read_manifest(Store(args.dest, _storage_options(args)))
     if args.json:
@@ -241,8 +241,8 @@ def _add_verify(subparsers: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from shardstream.manifest import read_manifest
-    from shardstream.shardwriter.verify import find_problems
+    from shardstream.format.manifest import read_manifest
+    from shardstream.format.verify import find_problems
 
     store = Store(args.dest, _storage_options(args))
     manifest = read_manifest(store)

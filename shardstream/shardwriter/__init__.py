@@ -7,8 +7,8 @@ Example:
 
 from __future__ import annotations
 
+from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter.build import ProgressCallback, build_shards
 from shardstream.shardwriter.options import BuildOptions
-from shardstream.shardwriter.verify import verify_dataset
 
 __all__ = ["BuildOptions", "ProgressCallback", "build_shards", "verify_dataset"]

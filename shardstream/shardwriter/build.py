@@ -11,7 +11,7 @@ from typing import Any
 
 import shardstream
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
-from shardstream.manifest import MANIFEST_NAME, Manifest, write_manifest
+from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.shardwriter import state
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples

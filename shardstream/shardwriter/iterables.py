@@ -2,7 +2,7 @@
 
 An iterable cannot be shuffled globally in constant memory, so its samples are written in the
 order given (shuffle it first if it is sorted by class). Samples are encoded here with
-:func:`shardstream.codecs.encode_member` and grouped into chunks that fit the shard limits
+:func:`shardstream.format.codecs.encode_member` and grouped into chunks that fit the shard limits
 exactly, so each chunk is one shard. Duplicate keys are caught with a set of 64-bit key hashes.
 """
 
@@ -12,11 +12,11 @@ import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from shardstream import codecs
 from shardstream.errors import DuplicateKeyError, SourceError
-from shardstream.shardwriter.keys import check_key, key_hash
+from shardstream.format import codecs
+from shardstream.format.keys import check_key, key_hash, member_name
+from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.shardwriter.options import BuildOptions
-from shardstream.shardwriter.tarwriter import END_BYTES, member_size
 from shardstream.shardwriter.tasks import Sample
 
 __all__ = ["chunk_samples", "encode_sample"]
@@ -32,11 +32,11 @@ def encode_sample(sample: Mapping[str, Any], position: int) -> Sample:
         raise SourceError(f"{where}: '__key__' must be a string, got {key!r}")
     where = f"sample #{position} (key {key!r})"
     check_key(key, where)
-    members = [
-        (extension, codecs.encode_member(extension, value, where))
-        for extension, value in sample.items()
-        if not extension.startswith("__")
-    ]
+    members = []
+    for extension, value in sample.items():
+        if not extension.startswith("__"):
+            member_name(key, extension, where)  # refuses a field that would not read back
+            members.append((extension, codecs.encode_member(extension, value, where)))
     if not members:
         raise SourceError(f"{where}: no fields besides '__key__'")
     members.sort()

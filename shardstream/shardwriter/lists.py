@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from shardstream import codecs
 from shardstream.errors import SourceError
-from shardstream.manifest import SkippedSample
-from shardstream.shardwriter.keys import check_key
+from shardstream.format import codecs
+from shardstream.format.keys import check_key
+from shardstream.format.manifest import SkippedSample
 from shardstream.shardwriter.records import FileTable, FileTableBuilder
 
 __all__ = ["read_list"]

@@ -14,9 +14,9 @@ import logging
 
 import numpy as np
 
+from shardstream.format.tarheader import BLOCK, END_BYTES, member_size
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
-from shardstream.shardwriter.tarwriter import BLOCK, END_BYTES, member_size
 
 __all__ = ["cut_chunks", "plan_chunks", "sample_order", "sample_tar_sizes"]
 

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["FileTable", "FileTableBuilder", "Record"]
+from shardstream.format.keys import key_hash
+
+__all__ = ["FileTable", "FileTableBuilder", "Record", "find_duplicate_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,3 +191,19 @@ def _gather(blob: bytes, offsets: np.ndarray, indices: np.ndarray) -> tuple[byte
     new_offsets = np.zeros(len(indices) + 1, dtype=np.int64)
     np.cumsum(ends - starts, out=new_offsets[1:])
     return b"".join(parts), new_offsets
+
+
+def find_duplicate_keys(table: FileTable) -> tuple[int, int] | None:
+    """Indices of two files with the same key, or ``None``; O(N) memory at 8 bytes per file.
+
+    Keys are hashed to 64 bits and sorted; equal neighbours are confirmed by comparing the
+    real keys, so a hash collision never reports a false duplicate.
+    """
+    hashes = np.fromiter((key_hash(table.key(i)) for i in range(len(table))), np.int64, len(table))
+    order = np.argsort(hashes, kind="stable")
+    sorted_hashes = hashes[order]
+    for position in np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]):
+        first, second = int(order[position]), int(order[position + 1])
+        if table.key(first) == table.key(second):
+            return min(first, second), max(first, second)
+    return None

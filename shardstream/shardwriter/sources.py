@@ -13,12 +13,12 @@ import dataclasses
 import logging
 import os
 
-from shardstream import codecs
 from shardstream.errors import DuplicateKeyError, SourceError
-from shardstream.manifest import SkippedSample
-from shardstream.shardwriter.keys import check_key_stem, find_duplicate_keys
+from shardstream.format import codecs
+from shardstream.format.keys import check_key_stem
+from shardstream.format.manifest import SkippedSample
 from shardstream.shardwriter.lists import read_list
-from shardstream.shardwriter.records import FileTable, FileTableBuilder
+from shardstream.shardwriter.records import FileTable, FileTableBuilder, find_duplicate_keys
 
 __all__ = ["ScannedSource", "scan_image_folder", "scan_source"]
 

@@ -23,8 +23,8 @@ import json
 import logging
 
 from shardstream.errors import DatasetExistsError, ManifestError
-from shardstream.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
-from shardstream.shardindex import index_name
+from shardstream.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from shardstream.format.shardindex import index_name
 from shardstream.shardwriter.tasks import ChunkResult
 from shardstream.shardwriter.timminfo import TIMM_INFO_NAME
 from shardstream.storage import Store

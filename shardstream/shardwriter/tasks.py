@@ -17,12 +17,13 @@ import sys
 from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
-from shardstream.manifest import ShardInfo, SkippedSample
-from shardstream.shardindex import encode_offsets, index_name
+from shardstream.format.manifest import ShardInfo, SkippedSample
+from shardstream.format.shardindex import encode_offsets, index_name
+from shardstream.format.tarheader import END_BYTES, member_size
+from shardstream.format.tarwriter import TarShardWriter
 from shardstream.shardwriter.imageops import check_image, normalized_extension, reencode_jpeg
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
-from shardstream.shardwriter.tarwriter import END_BYTES, TarShardWriter, member_size
 from shardstream.storage import Store
 
 __all__ = [

@@ -20,7 +20,7 @@ import json
 import os
 
 from shardstream.errors import ConfigError
-from shardstream.manifest import Manifest
+from shardstream.format.manifest import Manifest
 from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = ["TIMM_INFO_NAME", "TIMM_SPLIT", "timm_info_json", "write_timm_info"]
@@ -46,7 +46,7 @@ def timm_info_json(manifest: Manifest, split: str = TIMM_SPLIT) -> str:
             split as a shard pattern and never look it up in the file).
 
     Example:
-        >>> from shardstream.manifest import ShardInfo
+        >>> from shardstream.format.manifest import ShardInfo
         >>> shards = (ShardInfo("shard-000000.tar", 5, 10240, "0" * 64),)
         >>> info = json.loads(timm_info_json(Manifest(shards=shards)))
         >>> info["splits"]["train"]["shard_lengths"], info["splits"]["train"]["num_samples"]
@@ -87,7 +87,7 @@ def write_timm_info(
         The URL of the file written.
 
     Example:
-        >>> from shardstream.manifest import read_manifest
+        >>> from shardstream.format.manifest import read_manifest
         >>> write_timm_info("shards/val", read_manifest("shards/val"),
         ...                 split="validation")  # doctest: +SKIP
         'shards/val/_info.json'

@@ -1,16 +1,21 @@
 """Streaming half: shard lists, epoch plans, tar reading, shuffling, decoding, the dataset.
 
-Needs torch. ``StreamingDataset`` is the entry point; ``StreamingDataLoader`` adds checkpointable
-positions.
+``StreamingDataset`` is the entry point (it needs torch); ``StreamingDataLoader`` adds
+checkpointable positions. Names are imported lazily, so the torch-free parts
+(:mod:`shardstream.streaming.planning`) import without torch.
 """
 
 from __future__ import annotations
 
-from shardstream.streaming.dataset import StreamingDataset
-from shardstream.streaming.loader import StreamingDataLoader
-from shardstream.streaming.mixture import Stream
-from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.shardlist import ShardSpec, resolve_source
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardstream.streaming.dataset import StreamingDataset
+    from shardstream.streaming.loader import StreamingDataLoader
+    from shardstream.streaming.mixture import Stream
+    from shardstream.streaming.options import StreamOptions
+    from shardstream.streaming.shardlist import ShardSpec, resolve_source
 
 __all__ = [
     "ShardSpec",
@@ -20,3 +25,23 @@ __all__ = [
     "StreamingDataset",
     "resolve_source",
 ]
+
+_LAZY = {
+    "ShardSpec": "shardstream.streaming.shardlist",
+    "Stream": "shardstream.streaming.mixture",
+    "StreamOptions": "shardstream.streaming.options",
+    "StreamingDataLoader": "shardstream.streaming.loader",
+    "StreamingDataset": "shardstream.streaming.dataset",
+    "resolve_source": "shardstream.streaming.shardlist",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardstream.streaming' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -13,15 +13,12 @@ from typing import Any, cast
 import torch.utils.data
 
 from shardstream.errors import ConfigError
-from shardstream.manifest import Manifest
-from shardstream.streaming import batch as batching
-from shardstream.streaming.channel import EpochChannel
+from shardstream.format.manifest import Manifest
 from shardstream.streaming.context import Context, current_context
-from shardstream.streaming.decode import SampleConverter
+from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.pipeline import WorkerJob, run_worker
-from shardstream.streaming.remainder import (
+from shardstream.streaming.planning.passes import (
     Layout,
     PassRecord,
     StageOptions,
@@ -32,6 +29,13 @@ from shardstream.streaming.remainder import (
     plan_pass_worker,
     plan_whole_shards_worker,
 )
+from shardstream.streaming.planning.split import (
+    Piece,
+    PlanOptions,
+    epoch_sequence,
+    rank_batch_count,
+    samples_per_rank,
+)
 from shardstream.streaming.resume import (
     STATE_VERSION,
     check_fingerprint,
@@ -41,13 +45,9 @@ from shardstream.streaming.resume import (
     layout_from_state,
 )
 from shardstream.streaming.shardlist import Source, resolve_source
-from shardstream.streaming.split import (
-    Piece,
-    PlanOptions,
-    epoch_sequence,
-    rank_batch_count,
-    samples_per_rank,
-)
+from shardstream.streaming.worker import batch as batching
+from shardstream.streaming.worker.channel import EpochChannel
+from shardstream.streaming.worker.pipeline import WorkerJob, run_worker
 
 __all__ = ["StreamOptions", "StreamingDataset"]
 
@@ -74,7 +74,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         transform: Applied to each decoded image (torchvision v2 transforms work). A v2
             ``Compose`` starting with ``RandomResizedCrop`` takes a faster path that draws the
             crop first and decodes JPEGs at the lowest resolution that keeps it (see
-            :mod:`shardstream.streaming.fastcrop`); ``Resize`` first decodes at reduced scale.
+            :mod:`shardstream.streaming.decoding.fastcrop`); ``Resize`` first decodes at reduced
+            scale.
         batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
             batch_size=None)``); None yields single samples.
         policy: ``"pad"`` (every sample at least once, < world_size repeated) or ``"drop"``

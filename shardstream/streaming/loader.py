@@ -9,7 +9,7 @@ import torch.utils.data
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.dataset import StreamingDataset
-from shardstream.streaming.remainder import Layout, PassRecord
+from shardstream.streaming.planning.passes import Layout, PassRecord
 from shardstream.streaming.resume import (
     STATE_VERSION,
     check_fingerprint,

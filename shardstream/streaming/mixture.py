@@ -24,8 +24,8 @@ import numpy as np
 
 from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, Store
+from shardstream.streaming.planning.split import Piece, PlanOptions, cut_sequence, epoch_sequence
 from shardstream.streaming.shardlist import ShardSpec, Source, resolve_source
-from shardstream.streaming.split import Piece, PlanOptions, cut_sequence, epoch_sequence
 
 __all__ = ["Mixture", "Stream", "stream_quotas"]
 

@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
-from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES
 
 __all__ = ["StreamOptions"]
 
@@ -35,7 +35,7 @@ class StreamOptions:
             with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
         memory_map: Read local shards that have an index through copy-on-write memory maps
             (no copy and no private memory per buffered sample; see
-            :mod:`shardstream.streaming.tarfast`). A shard truncated in place while mapped
+            :mod:`shardstream.format.tarfast`). A shard truncated in place while mapped
             fails with SIGBUS, as with any memory-mapped reader; False reads with ``readinto``.
         batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
             the training process has freed a batch (Linux). 0 allocates a new segment per

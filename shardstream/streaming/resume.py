@@ -6,7 +6,7 @@ and rank-agnostic, so a checkpoint written by rank 0 alone restores every rank):
 - the *loader* state (:class:`~shardstream.streaming.StreamingDataLoader`): the epoch, the
   batches each rank consumed in the current pass, the earlier passes of the epoch and the
   layout. It restores at any world size and worker count (elastic resume, see
-  :mod:`shardstream.streaming.remainder`);
+  :mod:`shardstream.streaming.planning.passes`);
 - the *dataset* state, per worker, for loaders that follow the ``Stateful`` protocol
   (torchdata's ``StatefulDataLoader``): the same, with the batches (or samples) that worker
   yielded. Such loaders restore each worker's state into the same worker, so the world size
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.remainder import Layout, PassRecord
+from shardstream.streaming.planning.passes import Layout, PassRecord
 
 __all__ = [
     "STATE_VERSION",

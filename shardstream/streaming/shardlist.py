@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import braceexpand
 
 from shardstream.errors import ConfigError
-from shardstream.manifest import Manifest, read_manifest
+from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.storage import ReadOptions, StorageOptions, Store
 
 __all__ = ["ShardSpec", "Source", "resolve_source"]

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from shardstream import ManifestError, ManifestNotFoundError
-from shardstream.manifest import (
+from shardstream.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,

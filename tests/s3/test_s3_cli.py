@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shardstream.cli import main
-from shardstream.manifest import read_manifest
+from shardstream.format.manifest import read_manifest
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import ACCESS_KEY, BUCKET, SECRET_KEY
 

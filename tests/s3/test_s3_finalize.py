@@ -11,7 +11,7 @@ import fsspec
 import pytest
 
 from shardstream import build_shards
-from shardstream.shardwriter.verify import verify_dataset
+from shardstream.format.verify import verify_dataset
 from shardstream.storage import Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload

@@ -9,7 +9,7 @@ import warnings
 
 import webdataset as wds
 
-from shardstream.manifest import Manifest, read_manifest
+from shardstream.format.manifest import Manifest, read_manifest
 
 
 def shard_paths(dest: pathlib.Path) -> list[str]:

@@ -7,10 +7,11 @@ import logging
 import pytest
 
 from shardstream.errors import ChecksumMismatchError, ShardFormatError
-from shardstream.shardindex import decode_offsets, encode_offsets, index_name
+from shardstream.format.samples import iter_samples
+from shardstream.format.shardindex import decode_offsets, encode_offsets, index_name
+from shardstream.format.tarreader import open_tar
+from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter import build_shards, state
-from shardstream.shardwriter.verify import verify_dataset
-from shardstream.streaming.tario import iter_samples, open_tar
 
 from .helpers import dataset_bytes
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from shardstream.shardwriter import build, build_shards, sources, state, tarwriter
+from shardstream.format import tarwriter
+from shardstream.shardwriter import build, build_shards, sources, state
 from shardstream.storage import files as storage_files
 
 from ..conftest import encode_image, write_image_folder

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from shardstream.errors import ChecksumMismatchError
+from shardstream.format.tarheader import member_header
+from shardstream.format.tarwriter import TarShardWriter
 from shardstream.shardwriter import build_shards, verify_dataset
-from shardstream.shardwriter.tarwriter import TarShardWriter, member_header
 
 from ..conftest import encode_image
 

@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from shardstream.errors import ConfigError
-from shardstream.manifest import Manifest
+from shardstream.format.manifest import Manifest
 from shardstream.shardwriter import build, build_shards
 from shardstream.shardwriter.timminfo import TIMM_INFO_NAME, timm_info_json, write_timm_info
 

@@ -85,7 +85,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_dataset(make_image_folder, t
     process.wait()
     assert not (dest / "manifest.json").exists()
     with pytest.raises(Exception, match="no manifest"):
-        from shardstream.manifest import read_manifest
+        from shardstream.format.manifest import read_manifest
 
         read_manifest(str(dest))
     subprocess.run(_cli(*args, str(dest)), check=True, timeout=120)

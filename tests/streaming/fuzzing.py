@@ -24,11 +24,12 @@ import time
 from typing import Any
 
 from shardstream.errors import ManifestError, ShardFormatError
-from shardstream.manifest import Manifest
-from shardstream.shardindex import decode_offsets
+from shardstream.format.manifest import Manifest
+from shardstream.format.samples import iter_samples
+from shardstream.format.shardindex import decode_offsets
+from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
-from shardstream.streaming.pieces import HandlePool, read_piece
-from shardstream.streaming.tario import iter_samples, open_tar
+from shardstream.streaming.worker.pieces import HandlePool, read_piece
 
 _BLOCK = 512
 _INTERESTING_SIZES = [

@@ -6,9 +6,10 @@ import functools
 import pathlib
 from typing import Any
 
-from shardstream.manifest import Manifest
+from shardstream.format.manifest import Manifest
+from shardstream.format.samples import iter_samples
+from shardstream.format.tarreader import open_tar
 from shardstream.shardwriter import build_shards
-from shardstream.streaming.tario import iter_samples, open_tar
 from tests.conftest import encode_image
 
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 
 from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.batch import ByteViews, pack_bytes, stack_or_list
-from shardstream.streaming.pieces import HandlePool, read_piece
+from shardstream.streaming.worker.batch import ByteViews, pack_bytes, stack_or_list
+from shardstream.streaming.worker.pieces import HandlePool, read_piece
 from tests.streaming.shards import make_dataset, make_samples
 
 

@@ -10,7 +10,8 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from shardstream.errors import DecodeError
-from shardstream.streaming.decode import decode_image, min_side_of, split_sample
+from shardstream.streaming.decoding.decode import split_sample
+from shardstream.streaming.decoding.images import decode_image, min_side_of
 from tests.conftest import encode_image
 
 SAMPLE = {

@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from shardstream.format.tarfast import SampleMap, parse_plain_sample
 from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.pieces import HandlePool, read_piece
-from shardstream.streaming.tarfast import SampleMap, parse_plain_sample
+from shardstream.streaming.worker.pieces import HandlePool, read_piece
 from tests.streaming.shards import make_dataset, sample_offsets, tiny_jpeg
 
 

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
-from shardstream.streaming import StreamingDataset, StreamOptions, shmpool
+from shardstream.streaming import StreamingDataset, StreamOptions
+from shardstream.streaming.worker import shmpool
 from tests.conftest import encode_image
 
 BATCH = 4

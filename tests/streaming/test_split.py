@@ -9,7 +9,7 @@ import random
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.split import (
+from shardstream.streaming.planning.split import (
     PlanOptions,
     batches_consumed_per_worker,
     next_worker,

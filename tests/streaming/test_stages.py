@@ -6,10 +6,10 @@ import itertools
 
 import numpy as np
 
-from shardstream.streaming.draws import Draws
-from shardstream.streaming.interleave import Interleave
-from shardstream.streaming.shuffle import ShuffleBuffer
-from shardstream.streaming.split import PlanOptions, plan_worker
+from shardstream.streaming.planning.draws import Draws
+from shardstream.streaming.planning.interleave import Interleave
+from shardstream.streaming.planning.shuffle import ShuffleBuffer
+from shardstream.streaming.planning.split import PlanOptions, plan_worker
 from tests.streaming.conformance import assert_resumes
 
 LENGTHS = [5, 3, 8, 1, 6, 4]

@@ -12,11 +12,13 @@ import tarfile
 import pytest
 
 from shardstream.errors import ShardFormatError
+from shardstream.format.keys import split_key
+from shardstream.format.samples import iter_samples
+from shardstream.format.tarfast import read_plain_sample
+from shardstream.format.tarheader import byte_sum
+from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
-from shardstream.streaming.pieces import HandlePool, OffsetIndex, read_piece
-from shardstream.streaming.tarfast import read_plain_sample
-from shardstream.streaming.tarheader import byte_sum
-from shardstream.streaming.tario import iter_samples, open_tar, split_key
+from shardstream.streaming.worker.pieces import HandlePool, OffsetIndex, read_piece
 from tests.streaming.shards import sample_offsets, tiny_jpeg
 
 

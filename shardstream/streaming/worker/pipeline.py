@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardstream.errors import DecodeError, ShardFormatError, StorageError
+from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
 from shardstream.storage import Store
-from shardstream.streaming.pieces import HandlePool, IndexCache, OffsetIndex, read_piece
-from shardstream.streaming.remainder import StageOptions, build_stages
+from shardstream.streaming.planning.passes import StageOptions, build_stages
+from shardstream.streaming.planning.shuffle import ShuffleBuffer
+from shardstream.streaming.planning.split import Piece
 from shardstream.streaming.shardlist import ShardSpec
-from shardstream.streaming.shuffle import ShuffleBuffer
-from shardstream.streaming.split import Piece
-from shardstream.streaming.tario import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
+from shardstream.streaming.worker.pieces import HandlePool, IndexCache, OffsetIndex, read_piece
 
 __all__ = ["WorkerJob", "fast_forward", "guard_piece", "run_worker"]
 

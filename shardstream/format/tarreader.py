@@ -5,9 +5,9 @@ prefixes, GNU long names and PAX paths/sizes, transparently gunzips ``.tar.gz``/
 hop over data it does not need (seeking when the stream allows) and knows the byte offset of
 every sample, which is what lets a reader start in the middle of a shard.
 
-Samples follow the WebDataset rule: members ``dir/name.ext`` with the same key (the path up to
-the first ``.`` of the basename) that sit next to each other form one sample. Directory entries,
-``__MACOSX/`` members, dotfiles and names without an extension are skipped.
+Members that are not regular files (directories, links) are hopped over and counted in
+:attr:`TarReader.skipped_members`; :mod:`shardstream.format.samples` groups the file members
+into samples.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import gzip
 import io
 import os
 import zlib
-from collections.abc import Iterator
 from typing import IO, Any, cast
 
 from shardstream.errors import ShardFormatError
-from shardstream.streaming.tarheader import (
+from shardstream.format.tarheader import (
     BLOCK,
     MAX_EXTENDED_BYTES,
     check_header,
@@ -34,9 +33,7 @@ __all__ = [
     "Sample",
     "TarReader",
     "is_gzip_name",
-    "iter_samples",
     "open_tar",
-    "split_key",
     "stream_size",
 ]
 
@@ -45,21 +42,7 @@ _ZERO = bytes(BLOCK)
 FILE_TYPES = (b"0", b"\0", b"7")
 #: Default largest member read into memory (a documented ``StreamOptions`` setting).
 DEFAULT_MAX_MEMBER_BYTES = 1 << 30
-#: Members of one sample (key) at most; real samples have a handful.
-MAX_MEMBERS_PER_SAMPLE = 1024
 _CHUNK_BYTES = 16 << 20
-
-
-def split_key(name: str) -> tuple[str, str] | None:
-    """``"a/b/x.seg.png"`` -> ``("a/b/x", "seg.png")``; ``None`` for names that are not members."""
-    slash = name.rfind("/")
-    base = name[slash + 1 :]
-    if not base or base.startswith(".") or name.startswith("__MACOSX"):
-        return None
-    dot = base.find(".")
-    if dot <= 0 or dot == len(base) - 1:
-        return None
-    return name[: slash + 1 + dot], base[dot + 1 :]
 
 
 class _Prepend:
@@ -94,7 +77,9 @@ def open_tar(
     head = stream.read(2)
     if head == b"\x1f\x8b":
         gunzipped = gzip.GzipFile(fileobj=cast(IO[bytes], _Prepend(head, stream)), mode="rb")
-        return TarReader(gunzipped, url, max_member_bytes=max_member_bytes)
+        reader = TarReader(gunzipped, url, max_member_bytes=max_member_bytes)
+        reader.compressed = True
+        return reader
     size = stream_size(stream)
     if _is_seekable(stream):
         stream.seek(0)
@@ -136,6 +121,11 @@ class TarReader:
         self.offset = offset
         self.end = end
         self.last_key = ""
+        #: Members passed over as not part of any sample, and the first one's name.
+        self.skipped_members = 0
+        self.skipped_example: str | None = None
+        #: Whether the shard is gzipped (offsets are then positions in the uncompressed tar).
+        self.compressed = False
         self.seekable = seekable
         self.max_member_bytes = max_member_bytes
         self._size = size
@@ -153,6 +143,12 @@ class TarReader:
         self._stream.seek(offset)
         self.offset = offset
         return True
+
+    def note_skipped(self, name: str) -> None:
+        """Count a member that belongs to no sample (verify and index report them)."""
+        self.skipped_members += 1
+        if self.skipped_example is None:
+            self.skipped_example = name
 
     def _read_some(self, size: int) -> bytes:
         try:
@@ -267,6 +263,8 @@ class TarReader:
             name = header_name(header) if name is None else name
             self._check_size(size, kind, name, want_data)
             if kind not in FILE_TYPES:  # links, directories, devices, global headers...
+                if kind != b"g":
+                    self.note_skipped(name)
                 self._skip(padded(size), f"member {name!r}")
                 start, name, size_override = self.offset, None, None
                 continue
@@ -301,49 +299,3 @@ def stream_size(stream: Any) -> int | None:
     end = int(stream.seek(0, io.SEEK_END))
     stream.seek(position)
     return end
-
-
-def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sample, int]]:
-    """Group contiguous members by key: yields ``(sample, byte_offset_of_sample)``.
-
-    Samples carry ``__key__`` and ``__url__`` plus one entry per member extension (bytes, or
-    None when ``want_data`` is False).
-
-    Raises:
-        ShardFormatError: Truncation, a corrupt header, or one key holding the same extension
-            twice; the message names the shard, key and byte offset.
-
-    Example:
-        >>> with open("shard-000000.tar", "rb") as f:  # doctest: +SKIP
-        ...     keys = [s["__key__"] for s, _ in iter_samples(open_tar(f, "shard-000000.tar"))]
-    """
-    current: Sample | None = None
-    current_offset = 0
-    while True:
-        member = reader.next_member(want_data)
-        if member is None:
-            break
-        name, data, offset = member
-        parts = split_key(name)
-        if parts is None:
-            continue
-        key, extension = parts
-        if current is not None and key == current["__key__"]:
-            if extension in current:
-                raise ShardFormatError(
-                    f"{reader.url}: key {key!r} holds {extension!r} twice (byte offset {offset}); "
-                    "each sample may have one member per extension"
-                )
-            if len(current) > MAX_MEMBERS_PER_SAMPLE:
-                raise ShardFormatError(
-                    f"{reader.url}: key {key!r} has more than {MAX_MEMBERS_PER_SAMPLE} members "
-                    f"(byte offset {offset}); a sample holds a handful. The shard is corrupt."
-                )
-            current[extension] = data
-            continue
-        if current is not None:
-            yield current, current_offset
-        reader.last_key = key
-        current, current_offset = {"__key__": key, "__url__": reader.url, extension: data}, offset
-    if current is not None:
-        yield current, current_offset

@@ -1,7 +1,7 @@
 """Optional crop-window JPEG decoding: decode only the rows and columns of a crop.
 
-Used by :mod:`shardstream.streaming.fastcrop` when ``nvidia-nvimgcodec-cu13`` (or ``-cu12``) is
-installed (``pip install "shardstream[fastjpeg]"``). nvImageCodec's CPU backend is
+Used by :mod:`shardstream.streaming.decoding.fastcrop` when ``nvidia-nvimgcodec-cu13`` (or
+``-cu12``) is installed (``pip install "shardstream[fastjpeg]"``). nvImageCodec's CPU backend is
 libjpeg-turbo with a region of interest: rows below the crop are never entropy-decoded, and
 columns outside it are never transformed or colour-converted. It needs no GPU and no CUDA driver.
 Its output equals a full libjpeg-turbo decode cropped afterwards (same IDCT, same fancy

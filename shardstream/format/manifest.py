@@ -45,7 +45,8 @@ class ShardInfo:
         num_bytes: Size of the shard file in bytes.
         sha256: Hex sha256 of the shard file's bytes.
         index: Name of the shard's byte-offset index (``"shard-000000.idx"``, see
-            :mod:`shardstream.shardindex`), or ``None`` when the shard has none (older builds).
+            :mod:`shardstream.format.shardindex`), or ``None`` when the shard has none (older
+            builds).
     """
 
     name: str

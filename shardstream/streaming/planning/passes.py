@@ -1,7 +1,7 @@
 """What an epoch has left after a restart, at any world size and worker count. Torch-free.
 
 An epoch is read in one or more *passes*. The first pass covers the epoch's virtual sequence
-(:func:`~shardstream.streaming.split.epoch_sequence`) with the layout the job started with:
+(:func:`~shardstream.streaming.planning.split.epoch_sequence`) with the layout the job started with:
 ``world_size`` ranks, ``num_workers`` workers per rank, ``batch_size`` samples per batch. A
 checkpoint records how many batches each rank had consumed (ranks step together, so the count
 is the same on every rank). Because every worker's sample order is a pure function of the
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.interleave import Interleave
-from shardstream.streaming.shuffle import ShuffleBuffer
-from shardstream.streaming.split import (
+from shardstream.streaming.planning.interleave import Interleave
+from shardstream.streaming.planning.shuffle import ShuffleBuffer
+from shardstream.streaming.planning.split import (
     Piece,
     PlanOptions,
     batches_consumed_per_worker,

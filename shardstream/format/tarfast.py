@@ -1,7 +1,7 @@
 """Reading one indexed sample fast: one read (or one memory map) of its bytes, then a tight parse.
 
-:func:`shardstream.streaming.pieces.read_piece` calls this for each sample of a shard with a
-byte-offset index and falls back to :class:`~shardstream.streaming.tario.TarReader` whenever it
+:func:`shardstream.streaming.worker.pieces.read_piece` calls this for each sample of a shard with a
+byte-offset index and falls back to :class:`~shardstream.format.tarreader.TarReader` whenever it
 returns None, so every problem is still reported by the full reader. Torch-free.
 
 Local shards are read through :class:`SampleMap`: copy-on-write memory maps of windows of whole
@@ -24,7 +24,9 @@ from typing import IO, Any, cast
 import numpy as np
 
 from shardstream.errors import ShardFormatError
-from shardstream.streaming.tarheader import (
+from shardstream.format.keys import split_key
+from shardstream.format.samples import MAX_MEMBERS_PER_SAMPLE
+from shardstream.format.tarheader import (
     BLOCK,
     MAX_EXTENDED_BYTES,
     check_header,
@@ -32,7 +34,7 @@ from shardstream.streaming.tarheader import (
     padded,
     parse_pax,
 )
-from shardstream.streaming.tario import FILE_TYPES, MAX_MEMBERS_PER_SAMPLE, Sample, split_key
+from shardstream.format.tarreader import FILE_TYPES, Sample
 
 __all__ = ["MAP_WINDOW_BYTES", "SampleMap", "parse_plain_sample", "read_plain_sample"]
 

@@ -2,72 +2,24 @@
 
 Modes: ``"raw"`` keeps image bytes, ``"pil"`` gives ``PIL.Image`` (RGB), ``"rgb8"`` gives a
 ``uint8`` tensor of shape ``(3, H, W)``, or pass any callable ``f(bytes, extension) -> value``.
-
-Speed: images are decoded by Pillow (libjpeg-turbo). ``torchvision.io.decode_jpeg`` measured
-~20% faster on ImageNet-sized JPEGs, but torchvision 0.29 deprecates it (a warning per call), so
-it is not used. When the transform will shrink every image to at least ``min_side`` pixels
-anyway (see :func:`min_side_of`), large JPEGs are decoded at a reduced DCT scale (Pillow
-``draft``), which is several times faster and loses nothing the transform keeps.
+Images decode through :mod:`~shardstream.streaming.decoding.images`, or through the crop-window
+fast path (:mod:`~shardstream.streaming.decoding.fastcrop`) for ``RandomResizedCrop`` transforms.
 """
 
 from __future__ import annotations
 
-import io
-import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from shardstream import codecs
 from shardstream.errors import ConfigError, DecodeError
-from shardstream.streaming.fastcrop import CropDecoder, crop_decoder_for
+from shardstream.format import codecs
+from shardstream.streaming.decoding.fastcrop import CropDecoder, crop_decoder_for
+from shardstream.streaming.decoding.images import decode_image, min_side_of
 
-__all__ = ["DECODE_MODES", "SampleConverter", "decode_image", "min_side_of", "split_sample"]
+__all__ = ["DECODE_MODES", "SampleConverter", "split_sample"]
 
 DECODE_MODES = ("raw", "pil", "rgb8")
 ImageDecoder = Callable[[bytes, str], Any]
-
-
-def min_side_of(transform: Any) -> int | None:
-    """The shortest image side the transform needs to lose nothing, or None if unknown.
-
-    Looks at the first geometric step of a torchvision (v2) ``Compose``: ``Resize(s)`` needs
-    ``s``; ``CenterCrop``/``RandomCrop`` cannot shrink; ``RandomResizedCrop(s, scale=(a, b))``
-    needs ``s / sqrt(a)`` (its smallest crop is scaled up to ``s``).
-    """
-    steps = getattr(transform, "transforms", [transform])
-    for step in steps:
-        name = type(step).__name__
-        size = getattr(step, "size", None)
-        if isinstance(size, (list, tuple)):
-            size = max(size) if size else None
-        if name == "Resize" and isinstance(size, int) and getattr(step, "max_size", None) is None:
-            return size
-        if name == "RandomResizedCrop" and isinstance(size, int):
-            return math.ceil(size / math.sqrt(step.scale[0]))
-        if name in {"Resize", "RandomResizedCrop", "CenterCrop", "RandomCrop", "FiveCrop"}:
-            return None
-        if name in {"ToImage", "PILToTensor", "RandomHorizontalFlip", "RandomVerticalFlip"}:
-            continue
-        return None
-    return None
-
-
-def decode_image(data: bytes, extension: str, mode: str, min_side: int | None = None) -> Any:
-    """Decode image bytes into a PIL image (``"pil"``) or a uint8 CHW tensor (``"rgb8"``)."""
-    from PIL import Image
-
-    is_jpeg = codecs.extension_of(extension) in ("jpg", "jpeg")
-    image: Image.Image = Image.open(io.BytesIO(data))
-    if is_jpeg and min_side is not None and min(image.size) >= 2 * min_side:
-        image.draft("RGB", (min_side, min_side))
-    image = image.convert("RGB")
-    if mode == "pil":
-        return image
-    import torch
-
-    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
 
 
 def split_sample(
@@ -156,7 +108,7 @@ class SampleConverter:
 
     The decode/transform policy lives here: a torchvision v2 ``Compose`` that starts with
     ``RandomResizedCrop`` takes the fast crop decoder (see
-    :mod:`shardstream.streaming.fastcrop`), which also applies the transform; otherwise the
+    :mod:`shardstream.streaming.decoding.fastcrop`), which also applies the transform; otherwise the
     image is decoded (at reduced JPEG scale when the transform shrinks it anyway) and then
     transformed.
 

@@ -20,16 +20,11 @@ from collections.abc import Iterator, Sequence
 from typing import IO
 
 from shardstream.errors import ShardFormatError
-from shardstream.shardindex import decode_offsets
+from shardstream.format.samples import iter_samples
+from shardstream.format.shardindex import decode_offsets
+from shardstream.format.tarfast import SampleMap, parse_plain_sample, read_plain_sample
+from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, Sample, TarReader, open_tar
 from shardstream.storage import Store, is_local_url
-from shardstream.streaming.tarfast import SampleMap, parse_plain_sample, read_plain_sample
-from shardstream.streaming.tario import (
-    DEFAULT_MAX_MEMBER_BYTES,
-    Sample,
-    TarReader,
-    iter_samples,
-    open_tar,
-)
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex", "read_piece"]
 
@@ -226,7 +221,7 @@ def read_piece(
     Handles come from ``pool`` (open local files are reused across pieces). With
     ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
     read, and with ``memory_map`` a local shard's samples are views of a memory map (see
-    :class:`~shardstream.streaming.tarfast.SampleMap`); without an index, the shard is walked
+    :class:`~shardstream.format.tarfast.SampleMap`); without an index, the shard is walked
     from the last offset ``index`` knows. No member larger than ``max_member_bytes`` is read
     into memory. Samples carry the shard's URL (without
     credentials) as ``__url__``, and errors name it.

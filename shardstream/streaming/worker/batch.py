@@ -12,7 +12,8 @@ instead of one pickle per sample or pickled image bytes:
   bytes back.
 
 In workers, that shared memory is a small set of buffers each worker reuses once the training
-process has freed a batch (:mod:`shardstream.streaming.shmpool`), not a new segment per batch.
+process has freed a batch (:mod:`shardstream.streaming.worker.shmpool`), not a new segment per
+batch.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from shardstream.streaming import shmpool
 from shardstream.streaming.context import in_worker
+from shardstream.streaming.decoding.images import writable_bytes
+from shardstream.streaming.worker import shmpool
 
 DEFAULT_BUFFERS = 6  # per worker: queued batches (prefetch 2), one in use, one being pinned
 
@@ -87,13 +89,6 @@ def pack_bytes(
     for blob, (start, stop) in zip(blobs, itertools.pairwise(bounds), strict=True):
         flat[start:stop] = blob
     return ByteViews(buffer, bounds)
-
-
-def writable_bytes(blob: Any) -> bool:
-    """True for a non-empty buffer ``torch.frombuffer`` can wrap without a copy or a warning."""
-    if isinstance(blob, memoryview):
-        return not blob.readonly and blob.nbytes > 0 and blob.contiguous
-    return isinstance(blob, bytearray) and len(blob) > 0
 
 
 def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS) -> Any:

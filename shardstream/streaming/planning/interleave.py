@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.streaming.draws import Draws
+from shardstream.streaming.planning.draws import Draws
 
 __all__ = ["Interleave", "Ref"]
 

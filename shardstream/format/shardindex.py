@@ -23,14 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ShardFormatError
+from shardstream.format.tarheader import BLOCK, END_BYTES
 
 __all__ = ["INDEX_VERSION", "decode_offsets", "encode_offsets", "index_name"]
 
 INDEX_VERSION = 1
 _MAGIC = b"SSTIDX\0\0"
 _HEADER_BYTES = 16
-_BLOCK = 512
-_END_BYTES = 2 * _BLOCK
 
 
 def index_name(shard_name: str) -> str:
@@ -79,7 +78,7 @@ def decode_offsets(
     if not body or len(body) % 8:
         raise ShardFormatError(f"{url}: index body of {len(body)} bytes is torn or empty")
     values = np.frombuffer(body, dtype="<u8")
-    if values[0] != 0 or np.any(values % _BLOCK) or np.any(np.diff(values) == 0):
+    if values[0] != 0 or np.any(values % BLOCK) or np.any(np.diff(values) == 0):
         raise ShardFormatError(f"{url}: index offsets are not increasing tar block boundaries")
     if np.any(values[1:] < values[:-1]):
         raise ShardFormatError(f"{url}: index offsets go backwards; the index is corrupt")
@@ -88,10 +87,10 @@ def decode_offsets(
             f"{url}: index lists {len(values) - 1} samples, the manifest {num_samples}; "
             "rebuild the dataset or run `shardstream verify`"
         )
-    if num_bytes is not None and int(values[-1]) + _END_BYTES != num_bytes:
+    if num_bytes is not None and int(values[-1]) + END_BYTES != num_bytes:
         raise ShardFormatError(
             f"{url}: index says the samples end at byte {int(values[-1])}, but the shard's "
-            f"{num_bytes} bytes end them at {num_bytes - _END_BYTES}; the index belongs to "
+            f"{num_bytes} bytes end them at {num_bytes - END_BYTES}; the index belongs to "
             "another build. Rebuild the dataset or run `shardstream verify`."
         )
     return array.array("Q", values.astype(np.uint64).tolist())

@@ -28,14 +28,13 @@ from __future__ import annotations
 import contextlib
 import io
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 
-from shardstream import codecs
-from shardstream.streaming import jpegcrop
-from shardstream.streaming.batch import writable_bytes
+from shardstream.format import codecs
+from shardstream.streaming.decoding import jpegcrop
+from shardstream.streaming.decoding.images import decode_image, decode_jpeg_rgb
 
 __all__ = ["CropDecoder", "FusedTail", "crop_decoder_for", "fuse_tail"]
 
@@ -98,8 +97,6 @@ class CropDecoder:
     def __call__(self, data: bytes, extension: str) -> Any:
         """Decode, crop, resize and transform one image; the generic path for non-JPEGs."""
         from PIL import Image
-
-        from shardstream.streaming.decode import decode_image
 
         image = None
         if codecs.extension_of(extension) in ("jpg", "jpeg"):
@@ -253,20 +250,4 @@ def _per_channel(values: Any) -> list[float]:
     return values * 3 if len(values) == 1 else values
 
 
-def decode_jpeg_rgb(data: bytes) -> Any:
-    """Decode JPEG bytes to a ``uint8`` RGB CHW tensor with libjpeg-turbo (torchvision).
 
-    ``torchvision.io.decode_jpeg`` warns that it is deprecated (torchvision 0.29); that one
-    warning is silenced here, where the replacement would be no faster.
-    """
-    import torch
-    from torchvision import io as tvio
-
-    encoded = torch.frombuffer(data if writable_bytes(data) else bytearray(data), dtype=torch.uint8)
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore",
-            message="The image decoding and encoding capabilities of TorchVision are deprecated",
-            category=DeprecationWarning,
-        )
-        return tvio.decode_jpeg(encoded, mode=tvio.ImageReadMode.RGB)

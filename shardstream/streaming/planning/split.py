@@ -11,8 +11,8 @@ Every process computes the same plan from the same inputs, so no communication i
    to worker ``j % num_workers``. Every rank has the same part length, so every rank has the
    same per-worker sample and batch counts, and only one worker per rank ends on a short batch.
 4. Blocks are cut at shard boundaries and into pieces of at most ``piece_size`` samples. A worker
-   reads several pieces at once (see :mod:`shardstream.streaming.interleave`) so that shards
-   written in class order still give mixed batches.
+   reads several pieces at once (see :mod:`shardstream.streaming.planning.interleave`) so that
+   shards written in class order still give mixed batches.
 
 Nothing here reads torch, the environment or storage.
 """

@@ -1,0 +1,65 @@
+"""Deterministic tar writing: the same members always give the same bytes.
+
+Headers come from :func:`shardstream.format.tarheader.member_header` (mtime 0, uid/gid 0, mode
+0o644), so a shard's sha256 depends only on its members. The archive ends with two zero blocks
+(``END_BYTES``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import IO
+
+from shardstream.format.tarheader import BLOCK, member_header
+
+__all__ = ["TarShardWriter"]
+
+_ZEROS = bytes(BLOCK)
+
+class TarShardWriter:
+    """Writes members to a binary stream, hashing and counting every byte.
+
+    Example:
+        >>> import io
+        >>> writer = TarShardWriter(io.BytesIO())
+        >>> writer.start_sample()
+        >>> writer.write_member("a/b.cls", b"3")
+        >>> writer.finish()
+        >>> writer.num_bytes, writer.sample_offsets
+        (2048, [0, 1024])
+    """
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+        self.num_bytes = 0
+        #: Byte offset of every sample's first header, then of the end-of-archive blocks.
+        self.sample_offsets: list[int] = []
+
+    def start_sample(self) -> None:
+        """Mark that the next member begins a new sample (records its offset for the index)."""
+        self.sample_offsets.append(self.num_bytes)
+
+    def write_member(self, name: str, data: bytes) -> None:
+        """Append one member (header, data, zero padding)."""
+        header = member_header(name, len(data))
+        padding = -len(data) % BLOCK
+        self._write(header)
+        self._write(data)
+        if padding:
+            self._write(_ZEROS[:padding])
+
+    def finish(self) -> None:
+        """Write the two zero blocks that end a tar archive."""
+        self.sample_offsets.append(self.num_bytes)
+        self._write(_ZEROS + _ZEROS)
+
+    @property
+    def sha256(self) -> str:
+        """Hex sha256 of everything written so far."""
+        return self._hash.hexdigest()
+
+    def _write(self, data: bytes) -> None:
+        self._stream.write(data)
+        self._hash.update(data)
+        self.num_bytes += len(data)

@@ -1,0 +1,103 @@
+"""Verify a finished dataset: every shard's bytes, sha256, sample count, member layout and index.
+
+Each shard is read once with the streaming reader's own parser and key rule
+(:func:`~shardstream.format.scan.scan_shard`), so verify accepts exactly what training reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from shardstream.errors import ChecksumMismatchError, ShardFormatError
+from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
+from shardstream.format.scan import scan_shard
+from shardstream.format.shardindex import decode_offsets
+from shardstream.storage import StorageOptions, Store, as_store
+
+__all__ = ["check_shard", "find_problems", "verify_dataset"]
+
+
+def verify_dataset(
+    dataset: Store | str | os.PathLike[str], storage_options: StorageOptions = None
+) -> Manifest:
+    """Re-read every shard and compare it with the manifest; return the manifest when all match.
+
+    Raises:
+        ManifestNotFoundError: ``dataset`` has no manifest.
+        ChecksumMismatchError: Some shard differs; the message lists every mismatch.
+
+    Example:
+        >>> verify_dataset("shards/train").num_samples  # doctest: +SKIP
+        1281167
+    """
+    store = as_store(dataset, storage_options)
+    manifest = read_manifest(store)
+    problems = find_problems(store, manifest)
+    if problems:
+        raise ChecksumMismatchError(
+            f"{store.shown()}: {len(problems)} problem(s) found:\n  "
+            + "\n  ".join(problems)
+            + "\nRebuild the dataset (shardstream build --overwrite) or restore the shards."
+        )
+    return manifest
+
+
+def find_problems(dataset: Store, manifest: Manifest) -> list[str]:
+    """Every mismatch between the shards and ``manifest``, one message each ([] when none)."""
+    problems: list[str] = []
+    for shard in manifest.shards:
+        problems.extend(check_shard(dataset, shard))
+    return problems
+
+
+def check_shard(dataset: Store, shard: ShardInfo) -> list[str]:
+    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
+    try:
+        with dataset.open_read(shard.name) as stream:
+            scan = scan_shard(stream, shard.name)
+    except FileNotFoundError:
+        return [f"{shard.name}: missing (expected {shard.num_bytes} bytes)"]
+    problems = list(scan.problems)
+    if scan.skipped_members:
+        problems.append(
+            f"{shard.name}: {scan.skipped_members} unexpected member(s) such as "
+            f"{scan.skipped_example!r} (not KEY.EXT file members)"
+        )
+    if shard.index is not None and scan.offsets is not None:
+        problems.extend(_check_index(dataset, shard, scan.offsets))
+    if scan.num_bytes != shard.num_bytes:
+        problems.append(
+            f"{shard.name}: size expected {shard.num_bytes} bytes, found {scan.num_bytes}"
+        )
+    if scan.sha256 != shard.sha256:
+        problems.append(f"{shard.name}: sha256 expected {shard.sha256}, found {scan.sha256}")
+    if scan.num_samples != shard.num_samples:
+        problems.append(
+            f"{shard.name}: samples expected {shard.num_samples}, found {scan.num_samples}"
+        )
+    return problems
+
+
+def _check_index(dataset: Store, shard: ShardInfo, offsets: Sequence[int]) -> list[str]:
+    """Compare the shard's index with the sample offsets found while scanning the shard."""
+    index = shard.index or ""
+    try:
+        stored = decode_offsets(dataset.read_bytes(index), index)
+    except FileNotFoundError:
+        return [f"{shard.index}: index missing (the manifest names it for {shard.name})"]
+    except ShardFormatError as error:
+        return [str(error)]
+    if list(stored) == list(offsets):
+        return []
+    if len(stored) != len(offsets):
+        return [
+            f"{shard.index}: index has {len(stored)} offsets, {shard.name} needs {len(offsets)} "
+            "(one per sample plus the end)"
+        ]
+    sample = next(i for i, (a, b) in enumerate(zip(stored, offsets, strict=True)) if a != b)
+    return [
+        f"{shard.index}: entry {sample} says byte offset {stored[sample]}, but in {shard.name} "
+        f"it is {offsets[sample]}"
+    ]
+
