@@ -2,25 +2,38 @@
 
 A dataset folder (or URL prefix) is valid exactly when it holds ``manifest.json``. The manifest
 lists every shard with its sample count, byte size and sha256, so readers can split work exactly
-and ``shardstream verify`` can check every byte. The JSON carries a ``format_version``; readers
-refuse versions they do not know instead of guessing.
+and ``shardstream verify`` can check every byte.
+
+Two forms, both read by this release:
+
+- format 1: the shards are listed in ``manifest.json`` itself (datasets of up to
+  ``INLINE_MAX_SHARDS`` shards; older releases read these too);
+- format 2: ``manifest.json`` names a binary shard table (``manifest.shards``, see
+  :mod:`shardstream.format.shardtable`) written just before it, with its size and sha256. A
+  million shards then take about 40 MB instead of 200 MB of JSON, and open in milliseconds.
+
+Readers refuse versions they do not know instead of guessing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
 from shardstream.errors import ManifestError, ManifestNotFoundError
+from shardstream.format.shardtable import ShardInfo, ShardTable, decode_table, encode_table
 from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "INLINE_MAX_SHARDS",
     "MANIFEST_NAME",
+    "SHARD_TABLE_NAME",
     "Manifest",
     "ShardInfo",
     "SkippedSample",
@@ -29,31 +42,14 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-#: A manifest lists shards, not samples: 256 MiB would describe millions of shards.
+SHARD_TABLE_NAME = "manifest.shards"
+#: Above this many shards the shards go to the binary table (format 2).
+INLINE_MAX_SHARDS = 10_000
+#: A manifest.json is small: shards beyond INLINE_MAX_SHARDS live in the table.
 MAX_MANIFEST_BYTES = 256 * 2**20
 FORMAT_NAME = "shardstream-manifest"
-FORMAT_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardInfo:
-    """One shard of a dataset.
-
-    Attributes:
-        name: File name relative to the dataset folder, e.g. ``"shard-000000.tar"``.
-        num_samples: Samples (distinct keys) in the shard.
-        num_bytes: Size of the shard file in bytes.
-        sha256: Hex sha256 of the shard file's bytes.
-        index: Name of the shard's byte-offset index (``"shard-000000.idx"``, see
-            :mod:`shardstream.format.shardindex`), or ``None`` when the shard has none (older
-            builds).
-    """
-
-    name: str
-    num_samples: int
-    num_bytes: int
-    sha256: str
-    index: str | None = None
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +65,15 @@ class Manifest:
     """Everything a reader needs to know about a finished dataset.
 
     Attributes:
-        shards: Every shard, in order.
+        shards: Every shard, in order (a :class:`ShardTable`; any sequence of
+            :class:`ShardInfo` is accepted and converted).
         class_names: Class names in label order (label ``i`` is ``class_names[i]``), or ``None``
             when the source had no class names.
         settings: The build settings used (limits, seed, resize...), for ``inspect`` and resume.
         skipped: Source items skipped under ``on_error="skip"``.
         created_by: The program and version that wrote the dataset.
-        format_version: Manifest format version.
+        format_version: The format version it was read from (not compared: the same dataset
+            may be written in either form).
 
     Example:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
@@ -83,77 +81,127 @@ class Manifest:
         2
     """
 
-    shards: tuple[ShardInfo, ...]
+    shards: ShardTable
     class_names: tuple[str, ...] | None = None
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     skipped: tuple[SkippedSample, ...] = ()
     created_by: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shards, ShardTable):
+            object.__setattr__(self, "shards", ShardTable.of(self.shards))
 
     @property
     def num_samples(self) -> int:
         """Total samples over all shards."""
-        return sum(shard.num_samples for shard in self.shards)
+        return self.shards.total_samples
 
     @property
     def num_bytes(self) -> int:
         """Total bytes over all shards."""
-        return sum(shard.num_bytes for shard in self.shards)
+        return self.shards.total_bytes
 
-    def to_json(self) -> str:
-        """Serialize to indented, key-sorted JSON (stable bytes for equal manifests)."""
-        document = {
+    def _document(self, version: int) -> dict[str, Any]:
+        return {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": version,
             "created_by": self.created_by,
             "num_samples": self.num_samples,
             "num_bytes": self.num_bytes,
+            "num_shards": len(self.shards),
             "class_names": list(self.class_names) if self.class_names is not None else None,
             "settings": dict(self.settings),
-            "shards": [dataclasses.asdict(shard) for shard in self.shards],
             "skipped": [dataclasses.asdict(item) for item in self.skipped],
         }
+
+    def to_json(self) -> str:
+        """The manifest with every shard inline (format 1), as indented, key-sorted JSON.
+
+        Stable bytes for equal manifests. For millions of shards prefer :meth:`write_json`,
+        which streams.
+        """
+        document = {**self._document(1), "shards": [dataclasses.asdict(s) for s in self.shards]}
         return json.dumps(document, indent=1, sort_keys=True) + "\n"
 
+    def write_json(self, stream: IO[str]) -> None:
+        """Write :meth:`to_json`'s document with shards inline, one shard at a time."""
+        head = json.dumps({**self._document(1), "shards": []}, indent=1, sort_keys=True)
+        before, _, after = head.partition('"shards": []')
+        stream.write(before + '"shards": [')
+        for number, shard in enumerate(self.shards):
+            stream.write(
+                ("," if number else "")
+                + "\n  "
+                + json.dumps(dataclasses.asdict(shard), sort_keys=True)
+            )
+        stream.write("\n ]" + after + "\n")
+
     @classmethod
-    def from_json(cls, text: str | bytes, where: str = "manifest") -> Manifest:
-        """Parse manifest JSON; ``where`` names the file in error messages."""
-        try:
-            document = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ManifestError(f"{where}: not valid JSON ({error})") from error
-        if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
-            raise ManifestError(
-                f'{where}: not a shardstream manifest (expected "format": "{FORMAT_NAME}")'
-            )
+    def from_json(
+        cls, text: str | bytes, where: str = "manifest", table: ShardTable | None = None
+    ) -> Manifest:
+        """Parse manifest JSON; ``where`` names the file in errors.
+
+        Args:
+            text: The JSON.
+            where: Names the file in errors.
+            table: The shard table of a format-2 manifest (see :func:`read_manifest`).
+        """
+        document = _parse(text, where)
         version = document.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ManifestError(
-                f"{where}: manifest format_version {version!r} is not supported by this release "
-                f"(it reads version {FORMAT_VERSION}); upgrade shardstream"
-            )
         try:
+            shards = table
+            if version == 1:
+                shards = ShardTable.of(_shard_info(entry, where) for entry in document["shards"])
+                _check_unique(shards, where)
+            elif shards is None:
+                raise ManifestError(f"{where}: a format-2 manifest needs its shard table")
             manifest = cls(
-                shards=tuple(_shard_info(shard, where) for shard in document["shards"]),
+                shards=shards,
                 class_names=_optional_names(document.get("class_names")),
                 settings=dict(document.get("settings") or {}),
                 skipped=tuple(SkippedSample(**item) for item in document.get("skipped") or ()),
                 created_by=str(document.get("created_by", "")),
-                format_version=version,
+                format_version=int(version),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as error:
             if isinstance(error, ManifestError):
                 raise
             raise ManifestError(f"{where}: malformed manifest ({error!r})") from error
-        names = [shard.name for shard in manifest.shards]
-        if len(set(names)) != len(names):
-            raise ManifestError(f"{where}: lists a shard twice; the manifest is corrupt")
-        if document.get("num_samples", manifest.num_samples) != manifest.num_samples:
-            raise ManifestError(
-                f"{where}: num_samples {document['num_samples']} disagrees with the sum of the "
-                f"shard counts ({manifest.num_samples})"
-            )
+        for field, value in (
+            ("num_samples", manifest.num_samples),
+            ("num_shards", len(manifest.shards)),
+        ):
+            if document.get(field, value) != value:
+                raise ManifestError(
+                    f"{where}: {field} {document[field]} disagrees with the shard list ({value})"
+                )
         return manifest
+
+
+def _parse(text: str | bytes, where: str) -> dict[str, Any]:
+    try:
+        document = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{where}: not valid JSON ({error})") from error
+    if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
+        raise ManifestError(
+            f'{where}: not a shardstream manifest (expected "format": "{FORMAT_NAME}")'
+        )
+    version = document.get("format_version")
+    if version not in _READABLE_VERSIONS:
+        raise ManifestError(
+            f"{where}: manifest format_version {version!r} is not supported by this release "
+            f"(it reads versions {', '.join(map(str, _READABLE_VERSIONS))}); upgrade shardstream"
+        )
+    return document
+
+
+def _check_unique(shards: ShardTable, where: str) -> None:
+    names = [shard.name for shard in shards]
+    if len(set(names)) != len(names):
+        raise ManifestError(f"{where}: lists a shard twice; the manifest is corrupt")
 
 
 def _optional_names(names: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -175,8 +223,11 @@ def _shard_info(entry: Any, where: str) -> ShardInfo:
         value = getattr(shard, field)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             problem = f"{field} {value!r} is not a non-negative integer"
-    if not isinstance(shard.sha256, str) or len(shard.sha256) != 64 or set(shard.sha256) - _HEX:
-        problem = f"sha256 {shard.sha256!r} is not 64 lowercase hex digits"
+    digest = shard.sha256
+    if digest is not None and (
+        not isinstance(digest, str) or len(digest) != 64 or set(digest) - _HEX
+    ):
+        problem = f"sha256 {digest!r} is not 64 lowercase hex digits (or null)"
     for field in ("name", "index"):
         name = getattr(shard, field)
         if field == "index" and name is None:
@@ -198,31 +249,56 @@ def _is_relative_name(name: Any) -> bool:
 def read_manifest(
     dataset: Store | str | os.PathLike[str], storage_options: StorageOptions = None
 ) -> Manifest:
-    """Read ``manifest.json`` from a dataset folder, URL prefix or :class:`Store`.
+    """Read ``manifest.json`` (and its shard table) from a dataset folder, URL prefix or store.
+
+    A local shard table is memory-mapped, so every process that opens the dataset shares it.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).
-        ManifestError: The manifest is malformed, of an unsupported version, or implausibly large.
+        ManifestError: The manifest or its table is malformed, of an unsupported version, or
+            implausibly large.
 
     Example:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
     store = as_store(dataset, storage_options)
+    where = store.shown(MANIFEST_NAME)
     try:
         with store.open_read(MANIFEST_NAME) as stream:
             text = stream.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as error:
         raise ManifestNotFoundError(
-            f"{store.shown(MANIFEST_NAME)}: no manifest. A shardstream dataset is complete only "
-            "once its manifest is written last; run `shardstream build` again with the same "
-            "arguments to finish an interrupted build, or pass shard URLs (a brace pattern) to "
-            "read shards without one."
+            f"{where}: no manifest. A shardstream dataset is complete only once its manifest is "
+            "written last; run `shardstream build` again with the same arguments to finish an "
+            "interrupted build, `shardstream index` to describe shards made by other tools, or "
+            "pass shard URLs (a brace pattern) to read shards without one."
         ) from error
     if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes; not a manifest")
+    document = _parse(text, where)
+    table = None
+    if document.get("format_version") == 2:
+        table = _read_table(store, document.get("shard_table"), where)
+    return Manifest.from_json(text, where=where, table=table)
+
+
+def _read_table(store: Store, entry: Any, where: str) -> ShardTable:
+    if not isinstance(entry, dict) or not _is_relative_name(entry.get("name")):
+        raise ManifestError(f"{where}: shard_table must name a file inside the dataset")
+    name = entry["name"]
+    try:
+        data = store.read_mapped(name)
+    except FileNotFoundError as error:
         raise ManifestError(
-            f"{store.shown(MANIFEST_NAME)}: larger than {MAX_MANIFEST_BYTES} bytes; not a manifest"
+            f"{store.shown(name)}: missing; the manifest lists its shards there. Copy the whole "
+            "dataset folder, or rebuild it."
+        ) from error
+    if len(data) != entry.get("num_bytes"):
+        raise ManifestError(
+            f"{store.shown(name)}: {len(data)} bytes, the manifest says {entry.get('num_bytes')}; "
+            "the table belongs to another build or was cut short"
         )
-    return Manifest.from_json(text, where=store.shown(MANIFEST_NAME))
+    return decode_table(data, store.shown(name))
 
 
 def write_manifest(
@@ -230,8 +306,26 @@ def write_manifest(
     manifest: Manifest,
     storage_options: StorageOptions = None,
 ) -> str:
-    """Atomically write ``manifest.json`` into a dataset folder, URL or store; return its URL."""
+    """Atomically write ``manifest.json`` (after its shard table, if any); return its URL.
+
+    Up to :data:`INLINE_MAX_SHARDS` shards are written inline (format 1); more go to
+    ``manifest.shards`` first (format 2).
+    """
     store = as_store(dataset, storage_options)
+    if len(manifest.shards) <= INLINE_MAX_SHARDS:
+        text = manifest.to_json()
+    else:
+        _check_unique(manifest.shards, store.shown(MANIFEST_NAME))
+        table = encode_table(manifest.shards)
+        with store.open_atomic_write(SHARD_TABLE_NAME) as stream:
+            stream.write(table)
+        reference = {
+            "name": SHARD_TABLE_NAME,
+            "num_bytes": len(table),
+            "sha256": hashlib.sha256(table).hexdigest(),
+        }
+        document = {**manifest._document(2), "shard_table": reference}
+        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     with store.open_atomic_write(MANIFEST_NAME) as stream:
-        stream.write(manifest.to_json().encode("utf-8"))
+        stream.write(text.encode("utf-8"))
     return store.url(MANIFEST_NAME)

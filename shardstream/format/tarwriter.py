@@ -16,6 +16,7 @@ __all__ = ["TarShardWriter"]
 
 _ZEROS = bytes(BLOCK)
 
+
 class TarShardWriter:
     """Writes members to a binary stream, hashing and counting every byte.
 

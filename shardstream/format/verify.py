@@ -100,4 +100,3 @@ def _check_index(dataset: Store, shard: ShardInfo, offsets: Sequence[int]) -> li
         f"{shard.index}: entry {sample} says byte offset {stored[sample]}, but in {shard.name} "
         f"it is {offsets[sample]}"
     ]
-

@@ -12,6 +12,7 @@ from typing import Any
 import shardstream
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
+from shardstream.format.shardtable import ShardTable
 from shardstream.shardwriter import state
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
@@ -196,7 +197,7 @@ def _finish(
             "%s: skipped %d unusable items (listed in the manifest)", dest.shown(), len(skipped)
         )
     manifest = Manifest(
-        shards=tuple(shards),
+        shards=ShardTable.of(shards),
         class_names=class_names,
         settings=settings,
         skipped=skipped,

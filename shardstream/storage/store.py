@@ -9,6 +9,7 @@ reopens there.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, cast
@@ -205,6 +206,20 @@ class Store:
         """Read a whole (small) object, such as an index, with the same retries as shards."""
         with self.open_read(name) as stream:
             return stream.read()
+
+    def read_mapped(self, name: str) -> Any:
+        """The bytes of ``name`` without a private copy where possible.
+
+        A local file is memory-mapped read-only, so every process that maps it shares the
+        same pages (a large manifest costs a node one copy, not one per worker and rank); a
+        remote object is read into memory. Either way the result supports the buffer protocol.
+        """
+        if not is_local_url(self.url(name)):
+            return self.read_bytes(name)
+        with open(self._local_path(name), "rb") as stream:
+            if os.fstat(stream.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
 
     def exists(self, name: str = "") -> bool:
         """True when a file or object exists at ``name``."""

@@ -1,12 +1,9 @@
-"""StreamingDataset: wires shard list, pass plan, worker pipeline, decoding and batching."""
+"""StreamingDataset: wires the shard list, the pass plan, the worker pipeline and decoding."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
 import logging
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -16,38 +13,27 @@ from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.context import Context, current_context
 from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.epochs import PassCache, WorkerPass, start_pass
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.planning.passes import (
-    Layout,
-    PassRecord,
-    StageOptions,
-    WorkerPlan,
-    last_worker,
-    pass_batches,
-    pass_sequence,
-    plan_pass_worker,
-    plan_whole_shards_worker,
-)
-from shardstream.streaming.planning.split import (
-    Piece,
-    PlanOptions,
-    epoch_sequence,
-    rank_batch_count,
-    samples_per_rank,
-)
-from shardstream.streaming.resume import (
+from shardstream.streaming.planning.schedule import PassPlan, plan_ranks
+from shardstream.streaming.planning.split import Layout, samples_per_rank
+from shardstream.streaming.planning.uncounted import plan_whole_shards
+from shardstream.streaming.resumestate import (
     STATE_VERSION,
+    PassState,
     check_fingerprint,
     check_layout,
     check_version,
-    history_from_state,
-    layout_from_state,
+    layout_from_dict,
 )
-from shardstream.streaming.shardlist import Source, resolve_source
+from shardstream.streaming.settings import Settings
+from shardstream.streaming.shardlist import ShardList, Source, resolve_source
 from shardstream.streaming.worker import batch as batching
 from shardstream.streaming.worker.channel import EpochChannel
-from shardstream.streaming.worker.pipeline import WorkerJob, run_worker
+from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
+from shardstream.streaming.worker.reader import ShardReader
+from shardstream.streaming.worker.uncounted import run_whole_shards
 
 __all__ = ["StreamOptions", "StreamingDataset"]
 
@@ -57,25 +43,26 @@ logger = logging.getLogger("shardstream.streaming")
 class StreamingDataset(torch.utils.data.IterableDataset):
     """Stream WebDataset shards into PyTorch with exact, equal and resumable epochs.
 
-    With a manifest (a folder written by :func:`shardstream.build_shards`), every rank yields the
-    same number of samples and batches per epoch, ``len()`` says how many (batches when
-    ``batch_size`` is set, else samples, per rank), and a :class:`StreamingDataLoader` can resume
-    mid-epoch. Without one (a brace pattern or a URL list, e.g. shards from other tools), counts
-    are unknown: there is no ``len()``, ranks may get different counts, and whole shards are
-    dealt to ranks and workers.
+    With a manifest (a folder written by :func:`shardstream.build_shards` or indexed by
+    ``shardstream index``), every rank yields the same number of samples and batches per epoch,
+    ``len()`` says how many (batches when ``batch_size`` is set, else samples, per rank), and a
+    :class:`StreamingDataLoader` can resume mid-epoch, also at another world size. Without one
+    (a brace pattern or a URL list), counts are unknown: there is no ``len()``, ranks may get
+    different counts, and whole shards are dealt to ranks and workers.
 
     Args:
         source: Dataset folder/URL with ``manifest.json``, a brace pattern of shard URLs, a
             list of shard URLs, or a list of :class:`Stream` (a mixture, see
             :mod:`shardstream.streaming.mixture`).
-        shuffle: Shuffle shard order, pieces and samples per epoch (seeded; see ``set_epoch``).
+        shuffle: Shuffle shard order and interleave pieces per epoch (seeded; see
+            ``set_epoch``).
         seed: Seed of every random choice; identical on every rank.
         decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor) or ``f(bytes, ext)``.
         transform: Applied to each decoded image (torchvision v2 transforms work). A v2
             ``Compose`` starting with ``RandomResizedCrop`` takes a faster path that draws the
             crop first and decodes JPEGs at the lowest resolution that keeps it (see
-            :mod:`shardstream.streaming.decoding.fastcrop`); ``Resize`` first decodes at reduced
-            scale.
+            :mod:`shardstream.streaming.decoding.fastcrop`); ``Resize`` first decodes at
+            reduced scale.
         batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
             batch_size=None)``); None yields single samples.
         policy: ``"pad"`` (every sample at least once, < world_size repeated) or ``"drop"``
@@ -112,44 +99,51 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         options: StreamOptions | None = None,
         epoch_size: int | None = None,
     ) -> None:
-        self.options = options or StreamOptions()
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        if not 0 <= self.options.batch_buffers <= 64:
-            raise ConfigError(f"batch_buffers must be in [0, 64], got {self.options.batch_buffers}")
-        self.plan = PlanOptions(
-            seed, shuffle, policy, batch_size or 1, self.options.block_size, self.options.piece_size
+        self.settings = Settings(
+            seed, shuffle, policy, batch_size, on_error, epoch_size, options or StreamOptions()
         )
-        self.stage = StageOptions(shuffle, self.options.num_open, self.options.shuffle_buffer)
         self.mixture: Mixture | None = None
         self.manifest: Manifest | None = None
-        streams = [source] if isinstance(source, Stream) else source
-        if isinstance(streams, (list, tuple)) and any(isinstance(s, Stream) for s in streams):
-            self.mixture = Mixture(_only_streams(streams), epoch_size, seed)
-            self.stores, self.shards = tuple(self.mixture.stores), tuple(self.mixture.shards)
-        else:
-            if epoch_size is not None:
-                raise ConfigError("epoch_size is for mixtures of Stream(...) sources")
-            store, self.shards, self.manifest = resolve_source(
-                cast(Source, source), self.options.storage_options, self.options.read_options
-            )
-            self.stores = (store,)
+        self.shards = self._resolve(source)
         self.convert = SampleConverter(
-            decode,
-            transform,
-            self.options.output,
-            self.options.allow_pickle,
+            decode, transform, self.options.output, self.options.allow_pickle,
             batch_size is not None,
-        )
-        self.batch_size = batch_size
-        self.on_error = on_error
+        )  # fmt: skip
         self.channel = EpochChannel()
+        self.passes = PassCache(self.shards, self.mixture, self.settings.plan)
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
-        self._progress: dict[str, Any] | None = None  # the pass under way in this process
-        self._sequences: dict[tuple[int, tuple[PassRecord, ...]], list[Piece]] = {}
+        self._running: WorkerPass | None = None  # the pass under way in this process
         # DataLoader workers do not see torch.distributed: read rank and world size here, in the
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
+
+    def _resolve(self, source: Source | Stream | Sequence[Stream]) -> ShardList:
+        options = self.options
+        streams = [source] if isinstance(source, Stream) else source
+        if isinstance(streams, (list, tuple)) and any(isinstance(s, Stream) for s in streams):
+            if not all(isinstance(item, Stream) for item in streams):
+                raise ConfigError("a mixture takes Stream(...) items only; wrap every source")
+            self.mixture = Mixture(
+                streams, self.settings.epoch_size, self.settings.seed, options.storage_options,
+                options.read_options,
+            )  # fmt: skip
+            return self.mixture.shards
+        if self.settings.epoch_size is not None:
+            raise ConfigError("epoch_size is for mixtures of Stream(...) sources")
+        _, shards, self.manifest = resolve_source(
+            cast(Source, source), options.storage_options, options.read_options
+        )
+        return shards
+
+    @property
+    def options(self) -> StreamOptions:
+        """The dataset's :class:`StreamOptions`."""
+        return self.settings.options
+
+    @property
+    def batch_size(self) -> int | None:
+        """Samples per batch made in the workers, or None."""
+        return self.settings.batch_size
 
     # -- epochs and ranks ---------------------------------------------------------------------
 
@@ -175,187 +169,104 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return current_context(*self._ranks)
 
     def layout(self, num_workers: int | None = None) -> Layout:
-        """World size, workers per rank and batch size of a pass (workers: the current ones)."""
+        """This rank's layout: world size, workers (default: the current ones), batch size."""
         context = self.context()
         workers = context.num_workers if num_workers is None else max(1, num_workers)
-        return Layout(context.world_size, workers, self.plan.batch_size)
+        return Layout(context.world_size, workers, self.settings.micro_batch)
 
     def fingerprint(self) -> dict[str, Any]:
-        """The settings that fix which samples an epoch holds and their order."""
+        """The settings and dataset facts that fix which samples an epoch holds, in order."""
         return {
-            "seed": self.plan.seed,
-            "shuffle": self.plan.shuffle,
-            "policy": self.plan.policy,
+            **self.settings.fingerprint(),
             "num_shards": len(self.shards),
             "num_samples": self.manifest.num_samples if self.manifest else None,
             "mixture": self.mixture.fingerprint() if self.mixture else None,
-            "shuffle_buffer": self.options.shuffle_buffer,
-            "num_open": self.options.num_open,
-            "piece_size": self.options.piece_size,
-            "block_size": self.options.block_size,
+            "canonical": [self.options.canonical_ranks, self.options.canonical_workers],
         }
 
     # -- sizes --------------------------------------------------------------------------------
 
-    def samples_per_rank(self, context: Context | None = None) -> int:
-        """Samples each rank yields per epoch (requires a manifest)."""
-        context = context or self.context()
-        return samples_per_rank(self._num_samples(), context.world_size, self.plan.policy)
-
-    def __len__(self) -> int:
-        """Batches per rank per epoch when ``batch_size`` is set, else samples per rank."""
-        per_rank = self.samples_per_rank()
-        return rank_batch_count(per_rank, self.plan) if self.batch_size else per_rank
-
-    def pass_batches(self, epoch: int, history: list[PassRecord], layout: Layout) -> int:
-        """Batches (samples without ``batch_size``) every rank yields in a pass."""
-        self._num_samples()
-        return pass_batches(self._sequence(epoch, history), layout, self.plan)
-
     @property
     def counted(self) -> bool:
         """Whether sample counts are known (a manifest, or a mixture of datasets with them)."""
-        return self.manifest is not None or self.mixture is not None
+        return self.shards.counted
 
-    def _num_samples(self) -> int:
-        if self.mixture is not None:
-            return self.mixture.epoch_size
-        if self.manifest is None:
+    def _epoch_samples(self) -> int:
+        if not self.counted:
             raise TypeError(
-                "this StreamingDataset has no manifest (it reads a shard pattern or URL list), so "
-                "its length is unknown; build with shardstream (or add a manifest) for len(), "
-                "equal per-rank counts and exact epochs"
+                "this StreamingDataset has no manifest (it reads a shard pattern or URL list), "
+                "so its length is unknown; run `shardstream index` on the shards (or build them "
+                "with shardstream) for len(), equal per-rank counts and exact epochs"
             )
-        return self.manifest.num_samples
+        return self.mixture.epoch_size if self.mixture else self.passes.epoch_length()
 
-    def _sequence(self, epoch: int, history: list[PassRecord]) -> list[Piece]:
-        """The pass's virtual sequence; a resumed one is found by replay, so it is kept."""
-        key = (epoch, tuple(history))
-        if key not in self._sequences:
-            base = self._epoch_sequence(epoch)
-            self._sequences = {key: pass_sequence(base, epoch, history, self.plan, self.stage)}
-        return self._sequences[key]
+    def samples_per_rank(self, context: Context | None = None) -> int:
+        """Samples each rank yields per epoch (requires a manifest)."""
+        context = context or self.context()
+        return samples_per_rank(self._epoch_samples(), context.world_size, self.settings.policy)
 
-    def _epoch_sequence(self, epoch: int) -> list[Piece]:
-        """What a fresh pass of ``epoch`` reads, in order: whole shards, or a mixture."""
-        if self.mixture is not None:
-            return self.mixture.epoch_sequence(epoch, self.plan)
-        counts = [spec.num_samples or 0 for spec in self.shards]
-        return epoch_sequence(counts, epoch, self.plan)
+    def __len__(self) -> int:
+        """Batches per rank per epoch when ``batch_size`` is set, else samples per rank."""
+        physical = self.layout()
+        layout = self.settings.plan_layout(physical)
+        steps = self.passes.shape(self._epoch_samples(), layout).steps
+        return steps
+
+    def plan(self, state: PassState, physical: Layout) -> PassPlan:
+        """The pass ``state`` describes (its plan layout, or a fresh one for ``physical``)."""
+        layout = state.plan or self.settings.plan_layout(physical)
+        return self.passes.plan(state.epoch, state.history, layout)
 
     # -- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
         context = self.context()
         pending, self._pending = self._pending, None
-        if pending is not None:  # Stateful restore: this worker continues where it stopped
-            epoch, history, plan, token = self._restored_pass(context, pending)
-        else:
-            epoch, directive = self.channel.take(context.worker, context.num_workers)
-            history = history_from_state(directive) if directive else []
-            consumed = int(directive["consumed"]) if directive else 0
-            plan = self._worker_plan(context, epoch, history, consumed, True)
-            token = _pass_token(epoch, directive, self.channel.pin_count, context.num_workers)
-        progress = [plan.skip_samples // self.plan.batch_size]
-        self._progress = {"epoch": epoch, "history": history, "progress": progress, "token": token}
-        job = WorkerJob(
-            stores=self.stores,
-            shards=self.shards,
-            pieces=plan.pieces,
-            seed=plan.seed,
-            stage=self.stage,
-            skip_samples=plan.skip_samples,
-            on_error=self.on_error,
-            max_member_bytes=self.options.max_member_bytes,
-            memory_map=self.options.memory_map,
-            tag_streams=self.mixture is not None,
-        )
+        running = start_pass(self, context, pending)
+        self._running = running
+        stats = running.stats
+        reader = ShardReader(self.shards, self.settings.read(self.mixture is not None), stats)
         collate = functools.partial(
             batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts,
             buffers=self.options.batch_buffers,
         )
-        return run_worker(job, self.convert, self.batch_size, collate, progress)
-
-    def _restored_pass(
-        self, context: Context, state: dict[str, Any]
-    ) -> tuple[int, list[PassRecord], WorkerPlan, int]:
-        """The pass a Stateful restore continues; the next epoch if the rank had finished.
-
-        A loader may save after the last batch without having seen the end of the epoch. The
-        restored pass would then be empty; instead, when every worker of the rank had finished
-        (they tell each other through the channel as they restore), it reads the next epoch.
-        """
-        epoch, history, items = int(state["epoch"]), history_from_state(state), int(state["items"])
-        token = int(state["token"])
-        plan = self._worker_plan(context, epoch, history, items, False)
-        rank_done = False
-        if self.counted:
-            samples = sum(piece.num_samples for piece in plan.pieces)
-            done = items >= -(-samples // self.plan.batch_size)
-            rank_done = done
-            if context.num_workers > 1:
-                self.channel.report(context.worker, context.num_workers, token, done)
-                if done:  # finished here: did every worker of the rank finish too?
-                    reports = self.channel.wait_reports(context.num_workers, token, 60.0)
-                    rank_done = reports is not None and all(reports)
-        if rank_done:
-            # The loader goes on asking workers in turn after the one that gave the last batch:
-            # the worker it asks first plays worker 0 of the next epoch.
-            layout = self.layout(context.num_workers)
-            first = last_worker(self._sequence(epoch, history), layout, self.plan) + 1
-            worker = (context.worker - first) % layout.num_workers
-            role = dataclasses.replace(context, worker=worker)
-            epoch, history = epoch + 1, []
-            plan = self._worker_plan(role, epoch, history, 0, False)
-            token = _pass_token(epoch, None, self.channel.pin_count, context.num_workers)
-        self.channel.restored(context.worker, context.num_workers, epoch)
-        return epoch, history, plan, token
-
-    def _worker_plan(
-        self, context: Context, epoch: int, history: list[PassRecord], consumed: int, rotate: bool
-    ) -> WorkerPlan:
-        layout = self.layout(context.num_workers)
-        if not self.counted:
-            if len(self.shards) < context.world_size * context.num_workers:
-                logger.warning(
-                    "%d shards for %d ranks x %d workers and no manifest: some workers get no "
-                    "data and ranks may see different sample counts",
-                    len(self.shards), context.world_size, context.num_workers,
-                )  # fmt: skip
-            return plan_whole_shards_worker(
-                len(self.shards), epoch, history, context.rank, context.worker, layout,
-                self.plan, consumed, rotate,
+        batcher = Batcher(self.convert, self.batch_size, collate, self.settings.on_error)
+        if running.plan is None:  # no manifest: whole shards
+            whole = plan_whole_shards(
+                len(self.shards), self.settings.seed, self.settings.shuffle, running.state.epoch,
+                context.rank, context.world_size, context.worker, context.num_workers,
+                running.start,
             )  # fmt: skip
-        sequence = self._sequence(epoch, history)
-        return plan_pass_worker(
-            sequence, epoch, len(history), context.rank, context.worker, layout, self.plan,
-            consumed, rotate,
-        )  # fmt: skip
+            return run_whole_shards(
+                whole, reader, batcher, stats, self.options.num_open,
+                self.options.shuffle_buffer, self.settings.shuffle,
+            )  # fmt: skip
+        ranks = plan_ranks(running.plan.layout.world_size, context.world_size, context.rank)
+        first = running.start + running.role + stats.batches * context.num_workers
+        job = StepJob(running.plan, ranks, first, context.num_workers)
+        return run_steps(job, reader, batcher, stats)
 
     # -- the Stateful protocol (per process: each DataLoader worker has its own) ---------------
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's position: epoch, earlier passes, items it yielded in this pass.
+        """This process's position: epoch, earlier passes, steps it served in this pass.
 
         Plain values only. Called by torchdata's ``StatefulDataLoader`` in each worker (in the
         training process without workers); restore it with :meth:`load_state_dict` in the same
         worker of a loader with the same world size and worker count.
         """
         context = self.context()
-        layout = self.layout(context.num_workers)
-        if self._progress is None:
-            epoch, history, items, token = self.epoch, [], 0, 0
-        else:
-            epoch, history = self._progress["epoch"], self._progress["history"]
-            items, token = self._progress["progress"][0], self._progress["token"]
+        running = self._running
+        state = PassState(self.epoch) if running is None else running.state
         return {
             "version": STATE_VERSION,
-            "epoch": epoch,
-            "history": [record.as_dict() for record in history],
-            "items": items,
-            "token": token,
+            **state.as_dict(),
+            "start": running.start if running else 0,
+            "role": running.role if running else context.worker,
+            "served": running.stats.batches if running else 0,
+            "token": running.token if running else 0,
             "worker": context.worker,
-            **layout.as_dict(),
+            **self.layout(context.num_workers).as_dict(),
             "fingerprint": self.fingerprint(),
         }
 
@@ -370,26 +281,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         check_fingerprint(state["fingerprint"], self.fingerprint())
         context = self.context()
         check_layout(
-            layout_from_state(state),
-            self.layout(context.num_workers),
-            elastic=False,
+            layout_from_dict(state), self.layout(context.num_workers), elastic=False,
             allow_new_batch_size=False,
-        )
+        )  # fmt: skip
         self._pending = dict(state)
         # Should this pass be thrown away (a loader that finished its epoch starts afresh),
         # the next fresh pass of this worker still moves on to the following epoch.
         self.channel.restored(context.worker, context.num_workers, int(state["epoch"]))
-
-
-def _pass_token(
-    epoch: int, directive: dict[str, Any] | None, pin_count: int, num_workers: int
-) -> int:
-    """An id of a pass that all workers of a rank agree on (to recognise a restore together)."""
-    text = json.dumps([epoch, directive, pin_count, num_workers], sort_keys=True)
-    return zlib.crc32(text.encode("utf-8")) + 1
-
-
-def _only_streams(items: Sequence[Any]) -> list[Stream]:
-    if not all(isinstance(item, Stream) for item in items):
-        raise ConfigError("a mixture takes Stream(...) items only; wrap every source in a Stream")
-    return list(items)

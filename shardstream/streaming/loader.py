@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,14 +10,15 @@ import torch.utils.data
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.dataset import StreamingDataset
-from shardstream.streaming.planning.passes import Layout, PassRecord
-from shardstream.streaming.resume import (
+from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.planning.split import Layout
+from shardstream.streaming.resumestate import (
     STATE_VERSION,
+    PassState,
     check_fingerprint,
     check_layout,
     check_version,
-    history_from_state,
-    layout_from_state,
+    layout_from_dict,
 )
 
 __all__ = ["StreamingDataLoader"]
@@ -26,14 +28,15 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     """A DataLoader over a :class:`StreamingDataset` with ``state_dict``/``load_state_dict``.
 
     Each pass after a completed one reads the next epoch (``dataset.set_epoch(n)`` pins one
-    instead). The state is a small dict of plain values: the epoch, the batches this rank
-    consumed, the earlier passes of the epoch and the layout (world size, workers, batch
-    size). It is the same on every rank, so a checkpoint written by rank 0 alone (Lightning)
-    restores every rank. A restored loader continues the epoch exactly: at the same layout the
-    rest of the epoch comes out as the uninterrupted run would have yielded it; at another
-    world size or worker count (elastic resume) the samples not yet consumed are dealt afresh,
-    equally to every rank. Workers replay their shuffle on integers and re-read at most their
-    shuffle buffer. ``persistent_workers=True`` is fine.
+    instead). The state is a small dict of plain values: the epoch, the steps this rank
+    consumed, the earlier passes of the epoch and the layouts. It is the same on every rank, so
+    a checkpoint written by rank 0 alone (Lightning) restores every rank, and its size does not
+    grow with the dataset. A restored loader continues the epoch exactly: at the same world size
+    (any worker count), or at one that divides the pass's planned world size with the same
+    global batch, the rest of the epoch comes out as the uninterrupted run would have yielded
+    it; at any other layout (elastic resume) the samples not yet consumed are dealt afresh,
+    equally to every rank. Nothing is replayed: a worker starts at its next step.
+    ``persistent_workers=True`` is fine.
 
     Args:
         dataset: The dataset; it batches inside the workers (this loader uses
@@ -57,19 +60,23 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             )
         kwargs["batch_size"] = None
         super().__init__(dataset, **kwargs)
-        self._epoch: int | None = None  # None: take the dataset's epoch at the first pass
-        self._history: list[PassRecord] = []
-        self._consumed = 0
+        self._state: PassState | None = None  # None: take the dataset's epoch at the first pass
         self._finished = False
         self._pins_seen = dataset.channel.pin_count
 
-    def _layout(self) -> Layout:
+    def _physical(self) -> Layout:
         return self.dataset.layout(self.num_workers)
 
-    def _pass_batches(self) -> int | None:
-        if not self.dataset.counted or self._epoch is None:
+    def _planned(self, state: PassState) -> PassState:
+        """``state`` with its pass's plan layout fixed (a fresh pass: from this layout)."""
+        if state.plan is not None or not self.dataset.counted:
+            return state
+        return dataclasses.replace(state, plan=self.dataset.settings.plan_layout(self._physical()))
+
+    def _pass_steps(self) -> int | None:
+        if not self.dataset.counted or self._state is None:
             return None
-        return self.dataset.pass_batches(self._epoch, self._history, self._layout())
+        return self.dataset.plan(self._state, self._physical()).steps
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank: those consumed in earlier passes plus this pass's.
@@ -77,53 +84,51 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Equal to ``len(dataset)`` except in an epoch resumed at another layout, where it keeps
         a trainer's batch count (which includes the batches consumed before the restart) right.
         """
-        total = self._pass_batches()
-        if total is None:
+        total = self._pass_steps()
+        if total is None or self._state is None:
             return len(self.dataset)
-        return sum(record.consumed_batches for record in self._history) + total
+        return sum(record.consumed_steps for record in self._state.history) + total
 
     def _start_pass(self) -> None:
         """Choose this pass: a pinned epoch, the rest of the current one, or the next one."""
         dataset = self.dataset
         pinned = dataset.channel.pin_count != self._pins_seen
         self._pins_seen = dataset.channel.pin_count
-        total = self._pass_batches()
-        done = self._finished or (total is not None and self._consumed >= total)
-        if self._epoch is None or (pinned and (dataset.epoch != self._epoch or done)):
-            self._epoch, self._history, self._consumed = dataset.epoch, [], 0
-        elif done:
-            self._epoch, self._history, self._consumed = self._epoch + 1, [], 0
-        self._finished = False
-        dataset.channel.post(
-            {
-                "epoch": self._epoch,
-                "history": [record.as_dict() for record in self._history],
-                "consumed": self._consumed,
-            }
+        total = self._pass_steps()
+        state = self._state
+        done = self._finished or (
+            total is not None and state is not None and state.consumed >= total
         )
+        if state is None or (pinned and (dataset.epoch != state.epoch or done)):
+            state = PassState(dataset.epoch)
+        elif done:
+            state = PassState(state.epoch + 1)
+        self._state = self._planned(state)
+        self._finished = False
+        dataset.channel.post(self._state.as_dict())
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
         self._start_pass()
         for item in super().__iter__():
-            self._consumed += 1
+            if self._state is not None:
+                self._state = dataclasses.replace(self._state, consumed=self._state.consumed + 1)
             yield item
         self._finished = True
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"version", "epoch", "consumed_batches", "history", layout, "fingerprint"}``.
+        """``{"version", "epoch", "history", "plan", "consumed_batches", layout, "fingerprint"}``.
 
         Plain values only (loads with ``torch.load(weights_only=True)``). A finished epoch
         saves as fully consumed, so a restore starts the next one.
         """
-        epoch = self.dataset.epoch if self._epoch is None else self._epoch
-        total = self._pass_batches()
-        consumed = total if self._finished and total is not None else self._consumed
+        state = self._state or self._planned(PassState(self.dataset.epoch))
+        total = self._pass_steps()
+        if self._finished and total is not None:
+            state = dataclasses.replace(state, consumed=total)
         return {
             "version": STATE_VERSION,
-            "epoch": epoch,
-            "consumed_batches": consumed,
-            "history": [record.as_dict() for record in self._history],
-            **self._layout().as_dict(),
+            **state.as_dict(),
+            **self._physical().as_dict(),
             "fingerprint": self.dataset.fingerprint(),
         }
 
@@ -138,15 +143,32 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Raises:
             ConfigError: The state is of another version, or the seed, dataset, policy or
                 reading settings differ, or the batch size does without
-                ``allow_new_batch_size`` (names the field and both values).
+                ``allow_new_batch_size`` (names the field and both values), or a dataset
+                without counts is resumed at another layout.
         """
         check_version(state)
         check_fingerprint(state["fingerprint"], self.dataset.fingerprint())
-        saved, current = layout_from_state(state), self._layout()
+        saved, current = layout_from_dict(state), self._physical()
         check_layout(saved, current, elastic=True, allow_new_batch_size=allow_new_batch_size)
-        history, consumed = history_from_state(state), int(state["consumed_batches"])
-        if saved != current:  # the rest of the epoch becomes a new pass at the new layout
-            history, consumed = [*history, PassRecord(saved, consumed)], 0
-        self._epoch, self._history, self._consumed = int(state["epoch"]), history, consumed
+        restored = PassState.from_dict(state)
+        if not self.dataset.counted:
+            if saved != current or restored.history:
+                raise ConfigError(
+                    "cannot continue this epoch with another world size, worker count or batch "
+                    "size: the source has no manifest, so the samples already read cannot be "
+                    "known (run `shardstream index` on the shards to allow it)"
+                )
+        elif restored.plan is None or not _continues(restored.plan, current):
+            record = PassRecord(restored.plan or saved, restored.consumed)
+            restored = PassState(restored.epoch, (*restored.history, record))
+        self._state = self._planned(restored)
         self._finished = False
         self._pins_seen = self.dataset.channel.pin_count
+
+
+def _continues(plan: Layout, physical: Layout) -> bool:
+    """Whether ``physical`` can go on reading a pass planned for ``plan`` (same global batch)."""
+    return (
+        plan.world_size % physical.world_size == 0
+        and plan.world_size * plan.batch_size == physical.world_size * physical.batch_size
+    )

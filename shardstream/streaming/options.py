@@ -8,6 +8,11 @@ from typing import Any
 
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
+from shardstream.streaming.planning.split import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_NUM_OPEN,
+    DEFAULT_PIECE_SIZE,
+)
 
 __all__ = ["StreamOptions"]
 
@@ -17,14 +22,22 @@ class StreamOptions:
     """Less common settings of :class:`~shardstream.streaming.StreamingDataset`.
 
     Attributes:
-        shuffle_buffer: Samples held by the shuffle buffer (encoded bytes; bounds memory).
-        num_open: Pieces each worker reads at once when shuffling (mixes class-ordered shards;
-            each open piece holds one file handle or stream).
-        piece_size: Longest run of consecutive samples taken from one place of a shard (capped
-            by ``block_size``). Larger means fewer seeks (remote: fewer ranged requests) but
-            needs more ``num_open`` for the same class mix: 64/64 measured 0.82 of uniform on
-            class-ordered shards (16/32: 0.88, 64/32: 0.74).
-        block_size: Samples dealt to a worker at a time (rounded up to the batch size).
+        num_open: Pieces interleaved at once: each worker stream is read in windows of about
+            ``num_open * piece_size`` samples whose pieces, from all over the rank's share of
+            the epoch, come in a seeded random interleave (mixes class-ordered shards; each
+            open piece holds one file handle or ranged read).
+        piece_size: Longest run of consecutive samples read from one place of a shard. Larger
+            means fewer seeks (remote: fewer, larger ranged requests) but needs more
+            ``num_open`` for the same class mix.
+        block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
+        shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
+            (counted datasets are ordered by their windows and need no buffer).
+        canonical_ranks: Plan every epoch for this many ranks, whatever the world size: then
+            every world size that divides it sees the same global batches (keep
+            ``batch_size * world_size`` fixed), so results reproduce on another cluster and a
+            restart at such a size continues without a replay. None plans for the world size.
+        canonical_workers: With ``canonical_ranks``, the worker streams per planned rank
+            (default 8); DataLoader worker counts that divide it read most efficiently.
         rank: This process's rank; with ``world_size`` overrides ``torch.distributed``.
         world_size: Number of ranks.
         output: ``"pair"`` yields ``(image, label)``; ``"dict"`` yields every field.
@@ -40,18 +53,20 @@ class StreamOptions:
         batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
             the training process has freed a batch (Linux). 0 allocates a new segment per
             batch, as PyTorch does; more helps only when batches are held longer.
-        storage_options: fsspec options for remote URLs.
+        storage_options: fsspec options for remote URLs (a mixture's streams inherit them).
         read_options: Retries, read-ahead and cache for remote reads.
 
     Example:
-        >>> StreamOptions(shuffle_buffer=4000, num_open=32).piece_size
+        >>> StreamOptions(num_open=32).piece_size
         64
     """
 
+    num_open: int = DEFAULT_NUM_OPEN
+    piece_size: int = DEFAULT_PIECE_SIZE
+    block_size: int = DEFAULT_BLOCK_SIZE
     shuffle_buffer: int = 1000
-    num_open: int = 64
-    piece_size: int = 64
-    block_size: int = 64
+    canonical_ranks: int | None = None
+    canonical_workers: int | None = None
     rank: int | None = None
     world_size: int | None = None
     output: str = "pair"

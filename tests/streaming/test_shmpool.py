@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.worker import shmpool
+from shardstream.streaming.worker import inline, shmpool
 from tests.conftest import encode_image
 
 BATCH = 4
@@ -99,7 +99,7 @@ def test_raw_byte_views_outlive_their_batch(tmp_path: pathlib.Path) -> None:
     for _ in range(2):
         last = []
         for batch in loader:
-            assert sum(len(v) for v in batch["image"]) >= shmpool.MIN_BYTES  # really pooled
+            assert sum(len(v) for v in batch["image"]) >= inline.MIN_BYTES  # really pooled
             assert not batch["image"][0].is_shared()  # a worker buffer, not a torch segment
             last.append((batch["__key__"][-1], batch["image"][-1]))
             del batch
@@ -187,7 +187,7 @@ def test_an_unsent_batch_frees_its_buffer_and_plain_pickles_copy(fresh_pool: Non
 
 
 def test_a_batch_larger_than_the_free_buffer_gets_a_new_generation(fresh_pool: None) -> None:
-    small = shmpool.empty((shmpool.MIN_BYTES,), torch.uint8, 1)
+    small = shmpool.empty((inline.MIN_BYTES,), torch.uint8, 1)
     assert small._lease is not None
     small.fill_(1)
     received = _round_trip(small)
@@ -230,14 +230,14 @@ def test_without_workers_batches_are_plain_tensors_on_reused_memory(fresh_pool: 
     ],
 )
 def test_small_tensors_cross_inside_the_pickle(tensor: torch.Tensor) -> None:
-    small = shmpool.inline(tensor)
-    assert isinstance(small, shmpool.InlineTensor)
+    small = inline.inline(tensor)
+    assert isinstance(small, inline.InlineTensor)
     received = _round_trip(small)
     assert type(received) is torch.Tensor and not received.is_shared()
     assert received.dtype == tensor.dtype and torch.equal(received, tensor)
     assert type(pickle.loads(pickle.dumps(small))) is torch.Tensor
-    big = torch.zeros(shmpool.MIN_BYTES)
-    assert shmpool.inline(big) is big
+    big = torch.zeros(inline.MIN_BYTES)
+    assert inline.inline(big) is big
 
 
 def test_worker_labels_arrive_as_plain_unshared_tensors(

@@ -248,6 +248,3 @@ def _fits(mean: Any, std: Any) -> bool:
 def _per_channel(values: Any) -> list[float]:
     values = [float(v) for v in values]
     return values * 3 if len(values) == 1 else values
-
-
-

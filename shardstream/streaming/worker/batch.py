@@ -27,6 +27,7 @@ import numpy as np
 from shardstream.streaming.context import in_worker
 from shardstream.streaming.decoding.images import writable_bytes
 from shardstream.streaming.worker import shmpool
+from shardstream.streaming.worker.inline import inline
 
 DEFAULT_BUFFERS = 6  # per worker: queued batches (prefetch 2), one in use, one being pinned
 
@@ -124,7 +125,7 @@ def collate_pairs(
     images = stack_or_list([image for image, _ in pairs], pack=True, buffers=buffers)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
     if in_worker():
-        labels = shmpool.inline(labels)
+        labels = inline(labels)
     return images, labels
 
 
@@ -143,7 +144,7 @@ def collate_dicts(
         values = [sample.get(key) for sample in samples]
         if key == "label":
             labels = torch.tensor(values, dtype=torch.int64)
-            batch[key] = shmpool.inline(labels) if in_worker() else labels
+            batch[key] = inline(labels) if in_worker() else labels
         else:
             batch[key] = stack_or_list(values, pack=key == "image", buffers=buffers)
     return batch

@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["InlineTensor", "PooledTensor", "buffer_stats", "empty", "inline"]
+from shardstream.streaming.worker.inline import MIN_BYTES, InlineTensor, typed_view
+
+__all__ = ["PooledTensor", "buffer_stats", "empty"]
 
 HEADER = 4096  # one page of flags before the data, so the data stays page aligned
 BUSY, ACKED, CLOSED = 0, 1, 2  # uint64 words of the header
-MIN_BYTES = 64 * 1024  # smaller batches are cheap to allocate; not worth a buffer
 ALIGN = 1 << 20
 
 
@@ -58,40 +59,6 @@ class PooledTensor(torch.Tensor):
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
-
-
-class InlineTensor(torch.Tensor):
-    """A small tensor (labels, tiny images) that crosses the worker queue inside the pickle.
-
-    PyTorch would put it in a new shared-memory segment and hand its file descriptor over a
-    socket: about a millisecond per batch, for a few hundred bytes. Operations on it return
-    plain tensors; the receiver gets a plain tensor.
-    """
-
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
-
-
-def inline(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` as an :class:`InlineTensor` when it is small (under :data:`MIN_BYTES`)."""
-    if tensor.nbytes >= MIN_BYTES or type(tensor) is not torch.Tensor:
-        return tensor
-    return tensor.as_subclass(InlineTensor)
-
-
-def _reduce_inline(tensor: InlineTensor) -> Any:
-    plain = tensor.as_subclass(torch.Tensor).contiguous()
-    data = plain.reshape(-1).view(torch.uint8).numpy().tobytes() if plain.numel() else b""
-    return _from_bytes, (data, str(plain.dtype).removeprefix("torch."), tuple(plain.shape))
-
-
-def _from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if not data:
-        return torch.empty(shape, dtype=getattr(torch, dtype))
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    return _typed(flat, getattr(torch, dtype), shape)
 
 
 @dataclasses.dataclass
@@ -219,16 +186,12 @@ def empty(
         return torch.empty(0, dtype=dtype).set_(storage).view(shape)
     exporter = lease.buffer.data[:nbytes]  # owns the storage: freed when the last view is
     weakref.finalize(exporter, _unsent, lease).atexit = False
-    tensor = _typed(torch.from_numpy(exporter), dtype, shape)
+    tensor = typed_view(torch.from_numpy(exporter), dtype, shape)
     if not shared:
         return tensor
     pooled = tensor.as_subclass(PooledTensor)
     pooled._lease = lease
     return pooled
-
-
-def _typed(flat: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-    return flat.view(dtype).view(shape)
 
 
 def _unsent(lease: _Lease) -> None:
@@ -312,7 +275,7 @@ def _rebuild(
             os.close(fd)
     exporter = entry.data[:nbytes]
     weakref.finalize(exporter, _release, entry.words).atexit = False
-    return _typed(torch.from_numpy(exporter), getattr(torch, dtype), tuple(shape))
+    return typed_view(torch.from_numpy(exporter), getattr(torch, dtype), tuple(shape))
 
 
 def _release(words: np.ndarray) -> None:
@@ -338,4 +301,3 @@ def _alive(pid: int) -> bool:
 
 
 multiprocessing.reduction.ForkingPickler.register(PooledTensor, _reduce)
-multiprocessing.reduction.ForkingPickler.register(InlineTensor, _reduce_inline)

@@ -1,0 +1,164 @@
+"""Virtual sequences: the samples of an epoch (or of what is left of it) in reading order.
+
+An epoch is read as one long *virtual sequence* of samples that the plan cuts into equal parts
+for the ranks. The sequence is never a list of samples: it is the epoch's shard order with the
+cumulative sample counts (:class:`ShardSequence`, or a mixture's, see
+:mod:`~shardstream.streaming.planning.mixing`), and what is left of an epoch after a restart is
+a list of ranges of that sequence (:class:`RangeSequence`). Finding the shards behind any range
+of positions is a binary search, so nothing here costs time or memory per sample.
+
+A *run* is ``(shard, first, stop, position)``: samples ``[first, stop)`` of shard number
+``shard`` (an index into the dataset's shard list), which sit at base-sequence positions
+``[position, position + stop - first)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+__all__ = ["BaseSequence", "RangeSequence", "Run", "ShardSequence", "shard_order"]
+
+
+class Run(NamedTuple):
+    """Samples ``[first, stop)`` of shard ``shard``, at base positions from ``position``."""
+
+    shard: int
+    first: int
+    stop: int
+    position: int
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the run."""
+        return self.stop - self.first
+
+
+class BaseSequence(Protocol):
+    """An epoch's whole sequence: positions ``[0, length)`` map to shard samples."""
+
+    length: int
+
+    def locate(self, start: int, stop: int) -> list[Run]:
+        """The runs holding positions ``[start, stop)``, in order."""
+        ...
+
+
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The epoch's shard order: a permutation seeded by ``(seed, epoch)``, or ``0..n-1``.
+
+    Example:
+        >>> shard_order(4, seed=0, epoch=0, shuffle=False).tolist()
+        [0, 1, 2, 3]
+    """
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(num_shards)
+
+
+class ShardSequence:
+    """Whole shards in a given order (empty ones left out): a fresh epoch of one dataset.
+
+    Memory is two integers per shard; :meth:`locate` is a binary search.
+
+    Args:
+        counts: Samples per shard, in shard-list order.
+        order: The shards in reading order (see :func:`shard_order`).
+
+    Example:
+        >>> sequence = ShardSequence(np.array([3, 0, 2]), np.array([2, 1, 0]))
+        >>> sequence.length, sequence.locate(1, 4)
+        (5, [Run(shard=2, first=1, stop=2, position=1), Run(shard=0, first=0, stop=2, position=2)])
+    """
+
+    def __init__(self, counts: np.ndarray, order: np.ndarray) -> None:
+        counts = np.asarray(counts, dtype=np.int64)
+        self.order = order[counts[order] > 0]
+        self.starts = np.zeros(len(self.order) + 1, dtype=np.int64)
+        np.cumsum(counts[self.order], out=self.starts[1:])
+        self.length = int(self.starts[-1])
+
+    def locate(self, start: int, stop: int) -> list[Run]:
+        """The runs holding positions ``[start, stop)`` (within ``[0, length)``)."""
+        runs: list[Run] = []
+        if start >= stop:
+            return runs
+        slot = int(np.searchsorted(self.starts, start, side="right")) - 1
+        position = start
+        while position < stop:
+            begin, end = int(self.starts[slot]), int(self.starts[slot + 1])
+            take_stop = min(stop, end)
+            shard = int(self.order[slot])
+            runs.append(Run(shard, position - begin, take_stop - begin, position))
+            position = take_stop
+            slot += 1
+        return runs
+
+
+class RangeSequence:
+    """Ranges of a base sequence laid end to end: what an epoch has left after a restart.
+
+    Ranges are in base coordinates (so a chain of restarts never nests), in reading order,
+    and may repeat a position (``pad`` repeats a few samples).
+
+    Args:
+        base: The epoch's whole sequence.
+        starts: First base position of each range.
+        stops: One past the last base position of each range.
+
+    Example:
+        >>> base = ShardSequence(np.array([4, 4]), np.array([0, 1]))
+        >>> left = RangeSequence(base, np.array([6, 1]), np.array([8, 2]))
+        >>> left.length, [tuple(run)[:3] for run in left.locate(1, 3)]
+        (3, [(1, 3, 4), (0, 1, 2)])
+    """
+
+    def __init__(self, base: BaseSequence, starts: np.ndarray, stops: np.ndarray) -> None:
+        keep = np.asarray(stops) > np.asarray(starts)
+        self.base = base
+        self.starts = np.asarray(starts, dtype=np.int64)[keep]
+        self.stops = np.asarray(stops, dtype=np.int64)[keep]
+        self.offsets = np.zeros(len(self.starts) + 1, dtype=np.int64)
+        np.cumsum(self.stops - self.starts, out=self.offsets[1:])
+        self.length = int(self.offsets[-1])
+
+    def base_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Positions ``[start, stop)`` of this sequence as ranges of base positions."""
+        ranges: list[tuple[int, int]] = []
+        if start >= stop:
+            return ranges
+        slot = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        position = start
+        while position < stop:
+            offset, end = int(self.offsets[slot]), int(self.offsets[slot + 1])
+            take_stop = min(stop, end)
+            first = int(self.starts[slot]) + position - offset
+            ranges.append((first, first + take_stop - position))
+            position = take_stop
+            slot += 1
+        return ranges
+
+    def locate(self, start: int, stop: int) -> list[Run]:
+        """The runs holding positions ``[start, stop)``, in order."""
+        runs: list[Run] = []
+        for first, end in self.base_ranges(start, stop):
+            runs.extend(self.base.locate(first, end))
+        return runs
+
+
+PassSequence = ShardSequence | RangeSequence
+
+
+def base_ranges(
+    sequence: BaseSequence | RangeSequence, start: int, stop: int
+) -> list[tuple[int, int]]:
+    """Positions ``[start, stop)`` of ``sequence`` as ranges of its base sequence's positions."""
+    if isinstance(sequence, RangeSequence):
+        return sequence.base_ranges(start, stop)
+    return [(start, stop)] if start < stop else []
+
+
+def base_of(sequence: BaseSequence | RangeSequence) -> BaseSequence:
+    """The epoch's whole sequence behind ``sequence``."""
+    return sequence.base if isinstance(sequence, RangeSequence) else sequence

@@ -1,0 +1,89 @@
+"""Reading slices of one worker stream in its planned order (see ``planning.windows``).
+
+A :class:`StreamCursor` yields stream positions ``[start, stop)`` as samples. It keeps the
+current window and one open run per piece, positioned at the piece's next sample: reading a
+stream front to back opens each piece once (one ranged read, or one memory map), and a slice
+that starts elsewhere (a resume, or a step read by another worker at the end of an epoch) opens
+exactly the pieces' runs it needs. Nothing before ``start`` is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from shardstream.streaming.planning.schedule import PassPlan
+from shardstream.streaming.planning.windows import StreamId, StreamLanes, Window, build_window
+from shardstream.streaming.worker.reader import ShardReader
+
+__all__ = ["StreamCursor"]
+
+
+class StreamCursor:
+    """One stream of a pass, read in slices.
+
+    Args:
+        plan: The pass.
+        stream: Which stream (plan rank and phase).
+        reader: The worker's shard reader.
+    """
+
+    def __init__(self, plan: PassPlan, stream: StreamId, reader: ShardReader) -> None:
+        self._plan, self._stream, self._reader = plan, stream, reader
+        self._window: Window | None = None
+        self._lanes = StreamLanes(plan.shape, stream.phase)
+        self._labels: list[int] = []
+        self._ordinals: list[int] = []
+        self._runs: list[Iterator[Any] | None] = []
+        self._next: list[int] = []  # per piece, the ordinal its open run yields next
+
+    def read(self, start: int, stop: int) -> Iterator[Any]:
+        """Samples at stream positions ``[start, stop)``, in order (``None`` for skipped ones)."""
+        while start < stop:
+            window = self._window
+            if window is None or not window.start <= start < window.start + window.num_samples:
+                window = self._load(self._lanes.window_at(start))
+            end = min(stop, window.start + window.num_samples)
+            yield from self._emit(window, start - window.start, end - window.start)
+            start = end
+
+    def _load(self, index: int) -> Window:
+        self.close()
+        plan = self._plan
+        window = build_window(plan.sequence, plan.shape, plan.options, self._stream, index)
+        self._window = window
+        self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
+        self._runs = [None] * len(window.runs)
+        self._next = [-1] * len(window.runs)
+        return window
+
+    def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
+        runs, expected = self._runs, self._next
+        for label, ordinal in zip(self._labels[first:end], self._ordinals[first:end], strict=True):
+            run = runs[label]
+            if run is None or expected[label] != ordinal:
+                run = self._open(window, label, ordinal)
+            expected[label] = ordinal + 1
+            yield next(run)
+
+    def _open(self, window: Window, label: int, ordinal: int) -> Iterator[Any]:
+        old = self._runs[label]
+        if old is not None:
+            _close(old)
+        piece = window.runs[label]
+        run = self._reader.open(piece.shard, piece.first + ordinal, piece.stop)
+        self._runs[label] = run
+        return run
+
+    def close(self) -> None:
+        """Close the open runs (their file handles go back to the reader's pool)."""
+        for run in self._runs:
+            if run is not None:
+                _close(run)
+        self._runs = [None] * len(self._runs)
+
+
+def _close(run: Iterator[Any]) -> None:
+    close = getattr(run, "close", None)
+    if callable(close):
+        close()

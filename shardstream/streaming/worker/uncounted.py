@@ -1,0 +1,51 @@
+"""What one DataLoader worker runs for shards of unknown length (no manifest).
+
+The worker's whole shards (:mod:`shardstream.streaming.planning.uncounted`) are read several at
+once, drawn at random (:class:`~shardstream.streaming.planning.interleave.Interleave`) and
+shuffled through a bounded buffer; batches are consecutive samples of that stream. A resume
+reads and drops the items already consumed (their lengths being unknown, there is no shortcut).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterator
+from typing import Any
+
+from shardstream.streaming.planning.interleave import Interleave
+from shardstream.streaming.planning.shuffle import ShuffleBuffer
+from shardstream.streaming.planning.uncounted import WholeShardPlan
+from shardstream.streaming.worker.pipeline import Batcher
+from shardstream.streaming.worker.reader import ShardReader, WorkerStats
+
+__all__ = ["run_whole_shards"]
+
+
+def run_whole_shards(
+    plan: WholeShardPlan,
+    reader: ShardReader,
+    batcher: Batcher,
+    stats: WorkerStats,
+    num_open: int,
+    shuffle_buffer: int,
+    shuffle: bool,
+) -> Iterator[Any]:
+    """Yield this worker's batches (or samples) of its whole shards, after ``skip_items``."""
+
+    def open_shard(number: int, start: int, stop: int) -> Iterator[Any]:
+        return reader.open(plan.shards[number], start, None)
+
+    source = Interleave([None] * len(plan.shards), open_shard, num_open, plan.seed, shuffle)
+    stages = ShuffleBuffer(source, shuffle_buffer if shuffle else 1, plan.seed)
+    samples: Iterator[Any] = map(operator.itemgetter(1), stages)
+    size = batcher.batch_size or 1
+    if plan.skip_items:  # read and dropped, not decoded
+        samples = itertools.islice(samples, plan.skip_items * size, None)
+    try:
+        while chunk := list(itertools.islice(samples, size)):
+            out = batcher.finish(chunk, stats)
+            stats.batches += 1
+            yield from out
+    finally:
+        reader.close()
