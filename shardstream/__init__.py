@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardstream._version import __version__
 from shardstream.errors import (
     ChecksumMismatchError,
     ConfigError,
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from shardstream.shardwriter import BuildOptions, build_shards
     from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BuildOptions",

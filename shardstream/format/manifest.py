@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from shardstream.errors import ManifestError, ManifestNotFoundError
-from shardstream.format.shardtable import ShardInfo, ShardTable, decode_table, encode_table
+from shardstream.format.shardtable import ShardInfo, ShardTable
+from shardstream.format.tablefile import decode_table, encode_table
 from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = [

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-import shardstream
+from shardstream._version import __version__
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.shardtable import ShardTable
@@ -201,7 +201,7 @@ def _finish(
         class_names=class_names,
         settings=settings,
         skipped=skipped,
-        created_by=f"shardstream {shardstream.__version__}",
+        created_by=f"shardstream {__version__}",
     )
     # timm's WebDataset reader needs _info.json; like the shards, it precedes the manifest.
     write_timm_info(dest, manifest)

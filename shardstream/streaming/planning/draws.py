@@ -3,14 +3,11 @@
 ``numpy.random.Generator.integers(n)`` costs a few microseconds per call, which is a visible
 share of reading a raw sample. :class:`Draws` makes one numpy call per block of 1024 uniform
 floats and turns each into ``int(u * n)`` (a bias below 1e-9 for any ``n`` a shuffle uses).
-Its state is the generator's state before the current block plus how much of it was used, so
-a restored ``Draws`` continues with exactly the draws the original would have made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -31,27 +28,14 @@ class Draws:
 
     def __init__(self, seed: Sequence[int]) -> None:
         self._rng = np.random.default_rng(list(seed))
-        self._start: Any = self._rng.bit_generator.state
         self._block: list[float] = []
         self._used = 0
 
     def below(self, n: int) -> int:
         """One draw in ``[0, n)``."""
         if self._used == len(self._block):
-            self._start = self._rng.bit_generator.state
             self._block = self._rng.random(BLOCK).tolist()
             self._used = 0
         value = self._block[self._used]
         self._used += 1
         return int(value * n)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the draws stand (plain values)."""
-        return {"start": self._start, "used": self._used}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` of draws with the same seed."""
-        self._rng.bit_generator.state = state["start"]
-        self._start = state["start"]
-        self._used = int(state["used"])
-        self._block = self._rng.random(BLOCK).tolist() if self._used else []

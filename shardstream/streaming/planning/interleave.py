@@ -1,9 +1,10 @@
-"""Reading several pieces at once, so that class-ordered shards still give mixed batches.
+"""Reading several shards of unknown length at once, drawing each next sample from a random one.
 
-A single stream through a shard written in class order yields one class for a long time; a
-shuffle buffer only mixes what it holds. Keeping ``num_open`` pieces from all over the epoch open
-and drawing each next sample from a random one puts up to ``num_open`` classes in flight at any
-moment, with memory bounded by ``num_open`` open streams.
+For shards without counts (see :mod:`.uncounted`): a single stream through a shard written in
+class order yields one class for a long time, and a shuffle buffer only mixes what it holds.
+Keeping ``num_open`` shards open and drawing each next sample from a random one puts up to
+``num_open`` classes in flight at any moment, with memory bounded by ``num_open`` open streams.
+Counted datasets need none of this: their order is planned in closed form (:mod:`.windows`).
 """
 
 from __future__ import annotations
@@ -61,36 +62,9 @@ class Interleave:
         self._next = 0
         self._open: list[list[int]] = []  # [piece, samples already yielded]
 
-    def state_dict(self) -> dict[str, Any]:
-        """Position: next piece to open, open pieces with their progress, and the draw state."""
-        return {
-            "next": self._next,
-            "open": [list(item) for item in self._open],
-            "rng": self._draws.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` of a stage built with the same arguments."""
-        self._next = int(state["next"])
-        self._open = [[int(piece), int(done)] for piece, done in state["open"]]
-        self._draws.load_state_dict(state["rng"])
-
     def _start(self, piece: int, done: int) -> Iterator[Any]:
         length = self._lengths[piece]
         return self._open_piece(piece, done, -1 if length is None else length)
-
-    def fetch(self, refs: Sequence[Ref]) -> list[Any]:
-        """Re-read the samples behind ``refs`` (for restoring a shuffle buffer)."""
-        wanted: dict[int, list[int]] = {}
-        for piece, ordinal in refs:
-            wanted.setdefault(piece, []).append(ordinal)
-        found: dict[Ref, Any] = {}
-        for piece, ordinals in wanted.items():
-            first, last = min(ordinals), max(ordinals)
-            stream = self._open_piece(piece, first, last + 1)
-            for ordinal, sample in enumerate(stream, first):
-                found[(piece, ordinal)] = sample
-        return [found[ref] for ref in refs]
 
     def __iter__(self) -> Iterator[tuple[Ref, Any]]:
         opened, lengths, below = self._open, self._lengths, self._draws.below

@@ -1,0 +1,171 @@
+"""The binary form of a shard table (``manifest.shards``): written once, read by reference.
+
+Layout, little-endian, every section padded to 8 bytes::
+
+    magic    8 bytes  b"SSTSHRD\\0"
+    version, count, flags                     3 x uint64
+    num_samples, num_bytes                    2 x count x uint64
+    sha256                                    count x 32 bytes        (flag 1)
+    names    template: width, first, len(prefix), len(suffix), prefix, suffix   (flag 4)
+             or offsets (count + 1) x uint64 and a UTF-8 blob
+    indexes  the same, "" for a shard without one                    (flag 2, template: 8)
+
+Reading trusts nothing: sizes must fit the buffer, counts must be non-negative 64-bit integers
+and every name must stay inside the dataset.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import ManifestError
+from shardstream.format.shardtable import NameColumn, ShardTable
+
+__all__ = ["decode_table", "encode_table"]
+
+_MAGIC = b"SSTSHRD\0"
+_VERSION = 1
+_HAS_SHA256, _HAS_INDEXES, _TEMPLATE_NAMES, _TEMPLATE_INDEXES = 1, 2, 4, 8
+
+
+def _names_bytes(column: NameColumn) -> list[bytes]:
+    """A column as sections: template fields, or offsets and blob (each padded to 8 bytes)."""
+    if column.template is not None:
+        prefix, width, suffix, first = column.template
+        texts = [prefix.encode("utf-8"), suffix.encode("utf-8")]
+        head = np.array([width, first, len(texts[0]), len(texts[1])], dtype="<u8").tobytes()
+        return [head, *(_padded(text) for text in texts)]
+    offsets = column.offsets if column.offsets is not None else np.zeros(1, dtype=np.uint64)
+    return [offsets.astype("<u8").tobytes(), _padded(bytes(column.blob or b""))]
+
+
+def _padded(data: bytes) -> bytes:
+    return data + bytes(-len(data) % 8)
+
+
+def encode_table(table: ShardTable) -> bytes:
+    """The table's binary form (little-endian, 8-byte aligned; see :func:`decode_table`)."""
+    flags = (_HAS_SHA256 if table.sha256 is not None else 0) | (
+        _HAS_INDEXES if table.indexes is not None else 0
+    )
+    flags |= _TEMPLATE_NAMES if table.names.template is not None else 0
+    if table.indexes is not None and table.indexes.template is not None:
+        flags |= _TEMPLATE_INDEXES
+    parts = [_MAGIC, np.array([_VERSION, len(table), flags], dtype="<u8").tobytes()]
+    parts += [table.num_samples.astype("<u8").tobytes(), table.num_bytes.astype("<u8").tobytes()]
+    if table.sha256 is not None:
+        parts.append(_padded(table.sha256.tobytes()))
+    parts += _names_bytes(table.names)
+    if table.indexes is not None:
+        parts += _names_bytes(table.indexes)
+    return b"".join(parts)
+
+
+class _Cursor:
+    """Reads 8-byte aligned sections of a table buffer, refusing any that runs past its end."""
+
+    def __init__(self, buffer: Any, where: str) -> None:
+        self.buffer, self.where, self.position = buffer, where, 0
+
+    def take(self, size: int) -> memoryview:
+        padded_size = size + (-size % 8)
+        if self.position + padded_size > len(self.buffer):
+            raise ManifestError(
+                f"{self.where}: shard table ends at byte {len(self.buffer)} but its sections "
+                f"need {self.position + padded_size}; the file is truncated or corrupt"
+            )
+        view = memoryview(self.buffer)[self.position : self.position + size]
+        self.position += padded_size
+        return view
+
+    def integers(self, count: int) -> np.ndarray:
+        return np.frombuffer(self.take(8 * count), dtype="<u8")
+
+
+def _names_column(cursor: _Cursor, count: int, template: bool, allow_empty: bool) -> NameColumn:
+    if template:
+        width, first, prefix_size, suffix_size = (int(v) for v in cursor.integers(4))
+        prefix = bytes(cursor.take(prefix_size)).decode("utf-8", "surrogateescape")
+        suffix = bytes(cursor.take(suffix_size)).decode("utf-8", "surrogateescape")
+        column = NameColumn(count, (prefix, width, suffix, first))
+        for name in (column[0], column[-1]) if count else ():
+            _check_name(name, cursor.where)
+        return column
+    offsets = cursor.integers(count + 1)
+    if offsets[0] != 0 or np.any(offsets[1:] < offsets[:-1]):
+        raise ManifestError(f"{cursor.where}: shard name offsets are not increasing")
+    blob = cursor.take(int(offsets[-1]))
+    _check_blob_names(bytes(blob), offsets, cursor.where, allow_empty)
+    return NameColumn(count, None, blob, offsets)
+
+
+def _check_name(name: str, where: str) -> None:
+    if not name or "\\" in name or "://" in name or name.startswith("/"):
+        raise ManifestError(f"{where}: {name!r} is not a relative file name inside the dataset")
+    if ".." in name.split("/"):
+        raise ManifestError(f"{where}: {name!r} is not a relative file name inside the dataset")
+
+
+def _check_blob_names(blob: bytes, offsets: np.ndarray, where: str, allow_empty: bool) -> None:
+    """Every name relative and inside the dataset (no ``..``, ``\\``, scheme or leading ``/``)."""
+    starts = offsets[:-1].astype(np.int64)
+    sizes = np.diff(offsets.astype(np.int64))
+    bad = None
+    if not allow_empty and np.any(sizes == 0):
+        bad = "an empty name"
+    elif any(token in blob for token in (b"\\", b"://", b"\0")):
+        bad = "a name with '\\', a URL scheme or a NUL byte"
+    elif np.any(np.frombuffer(blob, np.uint8)[starts[sizes > 0]] == ord("/")):
+        bad = "an absolute name"
+    elif _has_parent_component(blob, offsets):
+        bad = "a '..' component"
+    if bad is not None:
+        raise ManifestError(
+            f"{where}: the shard table holds {bad}; names must stay inside the dataset"
+        )
+
+
+def decode_table(buffer: Any, where: str = "shard table") -> ShardTable:
+    """Read a table from :func:`encode_table`'s bytes (a memory map works: nothing is copied).
+
+    Raises:
+        ManifestError: Wrong magic or version, truncation, counts that are not non-negative
+            64-bit integers, or names outside the dataset. (A name listed twice is refused when
+            a table is written and reported by ``shardstream verify``; checking a million
+            names here would cost more than the rest of opening the dataset.)
+    """
+    cursor = _Cursor(buffer, where)
+    if bytes(cursor.take(8)) != _MAGIC:
+        raise ManifestError(f"{where}: not a shardstream shard table (bad magic)")
+    version, count, flags = (int(v) for v in cursor.integers(3))
+    if version != _VERSION:
+        raise ManifestError(
+            f"{where}: shard table version {version} is not supported; upgrade shardstream"
+        )
+    num_samples = cursor.integers(count).view(np.int64)
+    num_bytes = cursor.integers(count).view(np.int64)
+    if np.any(num_samples < 0) or np.any(num_bytes < 0):
+        raise ManifestError(f"{where}: a sample count or byte size is not a non-negative integer")
+    sha256 = None
+    if flags & _HAS_SHA256:
+        sha256 = np.frombuffer(cursor.take(32 * count), np.uint8).reshape(count, 32)
+    names = _names_column(cursor, count, bool(flags & _TEMPLATE_NAMES), allow_empty=False)
+    indexes = None
+    if flags & _HAS_INDEXES:
+        indexes = _names_column(cursor, count, bool(flags & _TEMPLATE_INDEXES), allow_empty=True)
+    return ShardTable(names, num_samples, num_bytes, sha256, indexes)
+
+
+def _has_parent_component(blob: bytes, offsets: np.ndarray) -> bool:
+    """Whether some name has a ``..`` path component (looked at only where ``..`` occurs)."""
+    found = np.array([match.start() for match in re.finditer(rb"\.\.", blob)], dtype=np.int64)
+    if not len(found):
+        return False
+    data = np.frombuffer(blob, np.uint8)
+    bounds = offsets.astype(np.int64)
+    before = np.isin(found, bounds) | (data[np.maximum(found - 1, 0)] == ord("/"))
+    after = np.isin(found + 2, bounds) | (data[np.minimum(found + 2, len(data) - 1)] == ord("/"))
+    return bool(np.any(before & after))

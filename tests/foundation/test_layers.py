@@ -1,0 +1,148 @@
+"""The layers import one way: errors <- storage <- format <- {shardwriter, streaming} <- cli.
+
+Read from the source with ``ast`` (every import, also those inside functions, except imports
+under ``TYPE_CHECKING``), so a wrong-way import or a cycle fails here before it hides behind a
+lazy import. Planning is torch-free and I/O-free, the format package torch-free, and both import
+in a Python where torch cannot be imported at all.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import shardstream
+
+PACKAGE = pathlib.Path(shardstream.__file__).parent
+
+#: Which top-level parts each part may import (besides itself and errors).
+ALLOWED = {
+    "errors": set(),
+    "_version": set(),
+    "storage": set(),
+    "format": {"storage"},
+    "shardwriter": {"storage", "format"},
+    "streaming": {"storage", "format"},
+    "cli": {"storage", "format", "shardwriter", "streaming"},
+    "__init__": {"storage", "format", "shardwriter", "streaming"},
+}
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
+    """Modules of the package that ``path`` imports (a ``from x import y`` may name module y)."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for stmt in ast.walk(tree)
+        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test)
+        for node in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name in known}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_layers_import_one_way() -> None:
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        part = _part(module)
+        for target in _imports(path, set(modules)):
+            other = _part(target)
+            if other not in (part, "errors", "_version", "__init__") and other not in ALLOWED[part]:
+                wrong.append(f"{module} -> {target}")
+            if other == "__init__" and part != "__init__" and target == "shardstream":
+                wrong.append(f"{module} -> shardstream (the package root)")
+    assert wrong == []
+
+
+def _top_level(node: ast.AST) -> set[str]:
+    """Top-level package names a module imports at import time (not inside functions)."""
+    names: set[str] = set()
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in child.names)
+        elif isinstance(child, ast.ImportFrom) and child.module:
+            names.add(child.module.split(".")[0])
+        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names |= _top_level(child)
+    return names
+
+
+def test_planning_and_format_need_no_torch_and_planning_no_storage() -> None:
+    modules = _modules()
+    for module, path in modules.items():
+        if module.startswith(("shardstream.streaming.planning", "shardstream.format")):
+            assert "torch" not in _top_level(ast.parse(path.read_text())), module
+        if module.startswith("shardstream.streaming.planning"):
+            every = {
+                (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                and (not isinstance(node, ast.ImportFrom) or node.module)
+                for alias in node.names
+            }
+            assert "torch" not in every, module
+            targets = _imports(path, set(modules))
+            inside = ("shardstream.streaming.planning", "shardstream.errors")
+            assert all(target.startswith(inside) for target in targets), (module, targets)
+
+
+def test_no_module_imports_itself_in_a_cycle() -> None:
+    modules = _modules()
+    edges = {module: _imports(path, set(modules)) - {module} for module, path in modules.items()}
+    # A package's __init__ is imported on the way to its modules: an edge to it is not a cycle
+    # back from its own modules.
+    for module in edges:
+        edges[module] = {t for t in edges[module] if not module.startswith(t + ".")}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for target in edges.get(node, ()):
+                if target == start:
+                    return [*path, start]
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*path, target]))
+        return None
+
+    cycles = [cycle for module in edges if (cycle := cycle_from(module))]
+    assert cycles == []
+
+
+def test_planning_and_format_import_where_torch_cannot() -> None:
+    planning = sorted(m for m in _modules() if m.startswith("shardstream.streaming.planning"))
+    formats = sorted(m for m in _modules() if m.startswith("shardstream.format"))
+    code = (
+        "import sys; sys.modules['torch'] = None  # any 'import torch' now fails\n"
+        "import importlib\n"
+        f"for name in {planning + formats!r}: importlib.import_module(name)\n"
+        "import shardstream.format, shardstream.streaming.planning, shardstream.streaming\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
