@@ -200,8 +200,7 @@ def _parse(text: str | bytes, where: str) -> dict[str, Any]:
 
 
 def _check_unique(shards: ShardTable, where: str) -> None:
-    names = [shard.name for shard in shards]
-    if len(set(names)) != len(names):
+    if shards.names.has_duplicates():
         raise ManifestError(f"{where}: lists a shard twice; the manifest is corrupt")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from typing import overload
@@ -98,6 +99,14 @@ class NameColumn(collections.abc.Sequence[str]):
             (int(offsets[index]), int(offsets[index + 1])) if offsets is not None else (0, 0)
         )
         return bytes(blob[start:stop]).decode("utf-8", "surrogateescape")
+
+    def has_duplicates(self) -> bool:
+        """Whether two names are equal (never, for a template)."""
+        if self.template is not None or self._size < 2:
+            return False
+        blob = bytes(self.blob or b"")
+        edges = self.offsets.tolist() if self.offsets is not None else []
+        return len({blob[a:b] for a, b in itertools.pairwise(edges)}) != self._size
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, NameColumn) or len(other) != self._size:

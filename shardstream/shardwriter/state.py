@@ -221,15 +221,14 @@ def drop_incomplete(
     dest: Store, state: Store, records: dict[int, ChunkResult], num_chunks: int
 ) -> dict[int, ChunkResult]:
     """Keep only records whose parts all exist with the recorded size (in state or renamed)."""
-    if len(records) == num_chunks:
-        names = final_names(list(records.values()))
-        bad = {
-            index
-            for index, result in records.items()
-            for part, final in names
-            if part in result.shards
-            and not _part_present(dest, state, part, final)
-        }
+    if len(records) == num_chunks:  # every chunk was done: parts may already be renamed
+        bad: set[int] = set()
+        ordered = sorted(records.values(), key=lambda r: r.index)
+        finals = iter(final_names(ordered))
+        for result in ordered:
+            for part, final in (next(finals) for _ in result.shards):
+                if not _part_present(dest, state, part, final):
+                    bad.add(result.index)
         return {i: r for i, r in records.items() if i not in bad}
     return {
         index: result

@@ -32,3 +32,13 @@ def test_s3_stream_mixed_with_a_local_one(
         keys = keys_of(loader)
         assert collections.Counter(key[0] for key in keys) == {"w": 21, "c": 9}
     assert {key for key in keys if key[0] == "c"} == {f"cs{i:06d}" for i in range(9)}
+
+
+def test_streams_without_their_own_options_take_the_datasets(
+    tmp_path: pathlib.Path, storage_options: dict[str, Any]
+) -> None:
+    remote = f"s3://{BUCKET}/mixture/inherit"
+    build_shards(make_samples(12), remote, storage_options=storage_options, max_samples_per_shard=5)
+    options = StreamOptions(output="dict", storage_options=storage_options)
+    dataset = StreamingDataset([Stream(remote, repeat=1.0)], batch_size=4, options=options)
+    assert sorted(keys_of(StreamingDataLoader(dataset))) == [f"s{i:06d}" for i in range(12)]
