@@ -321,6 +321,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["raw", "train"])
     parser.add_argument("--repeat", type=int, default=3, help="runs per row (median kept)")
     parser.add_argument("--no-extra", action="store_true", help="skip the table of extra rows")
+    parser.add_argument("--loaders", nargs="+", help="only these rows (e.g. shardstream)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -342,6 +343,8 @@ def main() -> None:
         for workers in args.workers:
             results = {}
             for row in rows_for(mode, paths):
+                if args.loaders and row not in args.loaders:
+                    continue
                 task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
                 results[row] = spawn({**task, "paths": paths}, repeat=args.repeat)
             print_rows(mode, workers, results, limit)

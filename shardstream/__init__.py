@@ -34,8 +34,23 @@ from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:
-    from shardstream.shardwriter import BuildOptions, build_shards
-    from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
+    from shardstream.shardwriter import (
+        BuildOptions,
+        IndexOptions,
+        build_shards,
+        index_shards,
+        make_view,
+        merge_partitions,
+        split_dataset,
+        write_partition,
+    )
+    from shardstream.streaming import (
+        RandomAccessDataset,
+        Stream,
+        StreamingDataLoader,
+        StreamingDataset,
+        StreamOptions,
+    )
 
 
 __all__ = [
@@ -45,9 +60,11 @@ __all__ = [
     "DatasetExistsError",
     "DecodeError",
     "DuplicateKeyError",
+    "IndexOptions",
     "Manifest",
     "ManifestError",
     "ManifestNotFoundError",
+    "RandomAccessDataset",
     "ReadOptions",
     "ShardFormatError",
     "ShardInfo",
@@ -61,12 +78,24 @@ __all__ = [
     "StreamingDataset",
     "__version__",
     "build_shards",
+    "index_shards",
+    "make_view",
+    "merge_partitions",
     "read_manifest",
+    "split_dataset",
+    "write_partition",
 ]
 
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
+    "IndexOptions": "shardstream.shardwriter",
+    "index_shards": "shardstream.shardwriter",
+    "make_view": "shardstream.shardwriter",
+    "merge_partitions": "shardstream.shardwriter",
+    "split_dataset": "shardstream.shardwriter",
+    "write_partition": "shardstream.shardwriter",
+    "RandomAccessDataset": "shardstream.streaming",
     "Stream": "shardstream.streaming",
     "StreamOptions": "shardstream.streaming",
     "StreamingDataLoader": "shardstream.streaming",

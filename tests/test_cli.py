@@ -148,3 +148,26 @@ def test_log_lines_are_redacted():
     )
     text = formatter.format(record)
     assert SECRET not in text and ":b@" not in text and text.count("***") == 2
+
+
+def test_index_view_and_merge_commands(image_folder, tmp_path, capsys):
+    from shardstream import read_manifest, write_partition
+    from tests.streaming.shards import make_samples
+
+    built = tmp_path / "built"
+    assert main(["build", "-q", str(image_folder), str(built), "--max-samples-per-shard", "5"]) == 0
+    for path in [*built.glob("*.idx"), built / "manifest.json", built / "_info.json"]:
+        path.unlink()  # now plain shards, as another tool leaves them
+    assert main(["index", "-q", str(built), "--workers", "2", "--no-checksum"]) == 0
+    assert "indexed 3 shards, 12 samples" in capsys.readouterr().out
+    assert main(["verify", str(built)]) == 0
+    assert main(["view", str(built), str(tmp_path / "split"), "--split", "a=0.5,b=0.5"]) == 0
+    counts = [read_manifest(tmp_path / "split" / n).num_samples for n in ("a", "b")]
+    assert sum(counts) == 12
+    assert main(["view", str(built), str(tmp_path / "v"), "--split", "oops"]) == 1
+    assert "NAME=SHARE" in capsys.readouterr().err
+    samples = make_samples(9)
+    write_partition(samples[:4], tmp_path / "parts", 0)
+    write_partition(samples[4:], tmp_path / "parts", 1)
+    assert main(["merge", str(tmp_path / "parts"), "--partitions", "2"]) == 0
+    assert "merged 2 partitions, 2 shards, 9 samples" in capsys.readouterr().out

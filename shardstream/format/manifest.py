@@ -21,10 +21,18 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import IO, Any
 
 from shardstream.errors import ManifestError, ManifestNotFoundError
+from shardstream.format.manifestfields import (
+    check_unique,
+    is_relative_name,
+    optional_names,
+    optional_root,
+    optional_view,
+    shard_info,
+)
 from shardstream.format.shardtable import ShardInfo, ShardTable
 from shardstream.format.tablefile import decode_table, encode_table
 from shardstream.storage import StorageOptions, Store, as_store
@@ -73,6 +81,13 @@ class Manifest:
         settings: The build settings used (limits, seed, resize...), for ``inspect`` and resume.
         skipped: Source items skipped under ``on_error="skip"``.
         created_by: The program and version that wrote the dataset.
+        shard_root: Where the shards are, when not in the dataset folder (``shardstream index
+            SOURCE DEST`` describes shards it cannot write next to): a URL or path, relative
+            paths resolved against the dataset folder. Names stay relative to it.
+        index_root: Where the shards' indexes are, when not in the dataset folder (a view
+            uses its source dataset's).
+        view: For a view (a subset of another dataset, see :mod:`shardstream.shardwriter.views`),
+            the selection that keeps a sample; shard counts are the kept samples.
         format_version: The format version it was read from (not compared: the same dataset
             may be written in either form).
 
@@ -87,6 +102,9 @@ class Manifest:
     settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     skipped: tuple[SkippedSample, ...] = ()
     created_by: str = ""
+    shard_root: str | None = None
+    index_root: str | None = None
+    view: Mapping[str, Any] | None = None
     format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,7 +122,9 @@ class Manifest:
         return self.shards.total_bytes
 
     def _document(self, version: int) -> dict[str, Any]:
+        roots = {"shard_root": self.shard_root, "index_root": self.index_root, "view": self.view}
         return {
+            **{key: value for key, value in roots.items() if value is not None},
             "format": FORMAT_NAME,
             "format_version": version,
             "created_by": self.created_by,
@@ -154,16 +174,19 @@ class Manifest:
         try:
             shards = table
             if version == 1:
-                shards = ShardTable.of(_shard_info(entry, where) for entry in document["shards"])
-                _check_unique(shards, where)
+                shards = ShardTable.of(shard_info(entry, where) for entry in document["shards"])
+                check_unique(shards, where)
             elif shards is None:
                 raise ManifestError(f"{where}: a format-2 manifest needs its shard table")
             manifest = cls(
                 shards=shards,
-                class_names=_optional_names(document.get("class_names")),
+                class_names=optional_names(document.get("class_names")),
                 settings=dict(document.get("settings") or {}),
                 skipped=tuple(SkippedSample(**item) for item in document.get("skipped") or ()),
                 created_by=str(document.get("created_by", "")),
+                shard_root=optional_root(document.get("shard_root"), where),
+                index_root=optional_root(document.get("index_root"), where),
+                view=optional_view(document.get("view"), where),
                 format_version=int(version),  # type: ignore[arg-type]
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -197,53 +220,6 @@ def _parse(text: str | bytes, where: str) -> dict[str, Any]:
             f"(it reads versions {', '.join(map(str, _READABLE_VERSIONS))}); upgrade shardstream"
         )
     return document
-
-
-def _check_unique(shards: ShardTable, where: str) -> None:
-    if shards.names.has_duplicates():
-        raise ManifestError(f"{where}: lists a shard twice; the manifest is corrupt")
-
-
-def _optional_names(names: Sequence[str] | None) -> tuple[str, ...] | None:
-    if names is not None and not isinstance(names, list):
-        raise TypeError(f"class_names must be a list or null, not {type(names).__name__}")
-    return None if names is None else tuple(str(name) for name in names)
-
-
-_HEX = frozenset("0123456789abcdef")
-
-
-def _shard_info(entry: Any, where: str) -> ShardInfo:
-    """One ``shards`` entry, checked field by field: a manifest is data from storage too."""
-    if not isinstance(entry, dict):
-        raise TypeError(f"a shard entry must be an object, not {type(entry).__name__}")
-    shard = ShardInfo(**entry)
-    problem = None
-    for field in ("num_samples", "num_bytes"):
-        value = getattr(shard, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            problem = f"{field} {value!r} is not a non-negative integer"
-    digest = shard.sha256
-    if digest is not None and (
-        not isinstance(digest, str) or len(digest) != 64 or set(digest) - _HEX
-    ):
-        problem = f"sha256 {digest!r} is not 64 lowercase hex digits (or null)"
-    for field in ("name", "index"):
-        name = getattr(shard, field)
-        if field == "index" and name is None:
-            continue
-        if not _is_relative_name(name):
-            problem = f"{field} {name!r} is not a relative file name inside the dataset"
-    if problem is not None:
-        raise ManifestError(f"{where}: shard entry {entry.get('name')!r}: {problem}")
-    return shard
-
-
-def _is_relative_name(name: Any) -> bool:
-    """A name that stays inside the dataset folder: relative, no ``..``, no scheme."""
-    if not isinstance(name, str) or not name or "\\" in name or "://" in name:
-        return False
-    return not name.startswith("/") and ".." not in name.split("/")
 
 
 def read_manifest(
@@ -283,7 +259,7 @@ def read_manifest(
 
 
 def _read_table(store: Store, entry: Any, where: str) -> ShardTable:
-    if not isinstance(entry, dict) or not _is_relative_name(entry.get("name")):
+    if not isinstance(entry, dict) or not is_relative_name(entry.get("name")):
         raise ManifestError(f"{where}: shard_table must name a file inside the dataset")
     name = entry["name"]
     try:
@@ -315,7 +291,7 @@ def write_manifest(
     if len(manifest.shards) <= INLINE_MAX_SHARDS:
         text = manifest.to_json()
     else:
-        _check_unique(manifest.shards, store.shown(MANIFEST_NAME))
+        check_unique(manifest.shards, store.shown(MANIFEST_NAME))
         table = encode_table(manifest.shards)
         with store.open_atomic_write(SHARD_TABLE_NAME) as stream:
             stream.write(table)

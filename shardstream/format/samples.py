@@ -43,7 +43,7 @@ def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sa
         name, data, offset = member
         parts = split_key(name)
         if parts is None:
-            reader.note_skipped(name)
+            reader.note_skipped(name, file=True)
             continue
         key, extension = parts
         if current is not None and key == current["__key__"]:

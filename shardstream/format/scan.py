@@ -33,10 +33,13 @@ class ShardScan:
         sha256: Hex sha256 of the shard's bytes, or None when not computed.
         offsets: Byte offset of every sample, then where the last one ends (the index), or
             None for a gzipped shard (its offsets cannot be read by byte range).
+        key_hashes: The key hash of every sample (see :func:`~shardstream.format.keys.key_hash`).
         first_key: Key of the first sample ("" when there is none).
         last_key: Key of the last sample.
-        skipped_members: Members that belong to no sample (directories, names without an
-            extension, ``__MACOSX/``...), and ``skipped_example``, the first one's name.
+        skipped_members: Entries that are not files (directories, links), passed over.
+        stray_files: File members whose names belong to no sample (no extension, dotfiles,
+            ``__MACOSX/``...): other readers may read these otherwise.
+        skipped_example: The first of either's name.
         problems: What makes the shard unusable or inexact: a tar error, a key that comes
             back after other keys (one sample split in two), one message each.
     """
@@ -45,9 +48,11 @@ class ShardScan:
     num_bytes: int = 0
     sha256: str | None = None
     offsets: array.array[int] | None = None
+    key_hashes: list[int] = dataclasses.field(default_factory=list)
     first_key: str = ""
     last_key: str = ""
     skipped_members: int = 0
+    stray_files: int = 0
     skipped_example: str | None = None
     problems: list[str] = dataclasses.field(default_factory=list)
 
@@ -111,6 +116,7 @@ def scan_shard(
                     "its members must be adjacent (readers would see two samples)"
                 )
             seen.add(hashed)
+            scan.key_hashes.append(hashed)
             offsets.append(offset)
             scan.first_key = scan.first_key or key
             scan.last_key = key
@@ -125,7 +131,8 @@ def scan_shard(
     scan.sha256 = counting.hash.hexdigest() if counting.hash is not None else None
     if complete and not reader.compressed:
         scan.offsets = array.array("Q", offsets)
-    scan.skipped_members, scan.skipped_example = reader.skipped_members, reader.skipped_example
+    scan.skipped_members, scan.stray_files = reader.skipped_members, reader.stray_files
+    scan.skipped_example = reader.skipped_example
     return scan
 
 

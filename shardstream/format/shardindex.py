@@ -1,15 +1,19 @@
-"""Per-sample byte-offset index of a shard: the ``shard-NNNNNN.idx`` sidecar the writer leaves.
+"""Per-sample index of a shard: the ``shard-NNNNNN.idx`` sidecar with byte offsets and key hashes.
 
 A reader that starts in the middle of a shard needs the byte offset of its first sample. The
-writer knows every offset as it writes, so it stores them next to the shard; a reader then opens
-exactly the byte range of the samples it wants, with no walk over the tar headers before them.
+writer (and ``shardstream index``, for shards made by other tools) knows every offset, so it
+stores them next to the shard; a reader then opens exactly the byte range of the samples it
+wants, with no walk over the tar headers before them. Version 2 also stores a 64-bit hash of
+every sample's key (:func:`shardstream.format.keys.key_hash`), so looking a sample up by key,
+and selecting samples by key for a view, need no reading of the shard.
 
 Format (little-endian)::
 
     magic   8 bytes  b"SSTIDX\\0\\0"
-    version uint64   1
+    version uint64   1 or 2
     offsets uint64   one per sample: where its first member's header starts
-    end     uint64   where the end-of-archive blocks start (the last sample's end)
+    end     uint64   where the last sample's last member ends
+    keys    uint64   version 2: one key hash per sample
 
 Tools that do not know the sidecar (tar, webdataset) simply ignore it.
 """
@@ -17,6 +21,7 @@ Tools that do not know the sidecar (tar, webdataset) simply ignore it.
 from __future__ import annotations
 
 import array
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -25,11 +30,26 @@ import numpy as np
 from shardstream.errors import ShardFormatError
 from shardstream.format.tarheader import BLOCK, END_BYTES
 
-__all__ = ["INDEX_VERSION", "decode_offsets", "encode_offsets", "index_name"]
+__all__ = [
+    "INDEX_VERSION",
+    "ShardIndex",
+    "decode_index",
+    "decode_offsets",
+    "encode_offsets",
+    "index_name",
+]
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 _MAGIC = b"SSTIDX\0\0"
 _HEADER_BYTES = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardIndex:
+    """A decoded index: sample offsets (then the end), and key hashes when stored."""
+
+    offsets: array.array[int]
+    key_hashes: np.ndarray | None
 
 
 def index_name(shard_name: str) -> str:
@@ -38,28 +58,34 @@ def index_name(shard_name: str) -> str:
     return stem + ".idx"
 
 
-def encode_offsets(offsets: Sequence[int]) -> bytes:
-    """The index file's bytes for sample offsets plus the final end-of-samples offset.
+def encode_offsets(offsets: Sequence[int], key_hashes: Sequence[int] | None = None) -> bytes:
+    """The index file's bytes: sample offsets plus the end, and optionally the key hashes.
 
     Example:
         >>> decode_offsets(encode_offsets([0, 1536, 3072]), "x.idx").tolist()
         [0, 1536, 3072]
     """
     values = array.array("Q", offsets)
+    version = 1
+    if key_hashes is not None:
+        if len(key_hashes) != len(values) - 1:
+            raise ValueError("an index needs one key hash per sample")
+        values.extend(np.asarray(key_hashes, dtype=np.int64).view(np.uint64).tolist())
+        version = 2
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
         values.byteswap()
-    return _MAGIC + INDEX_VERSION.to_bytes(8, "little") + values.tobytes()
+    return _MAGIC + version.to_bytes(8, "little") + values.tobytes()
 
 
-def decode_offsets(
+def decode_index(
     data: bytes, url: str, num_samples: int | None = None, num_bytes: int | None = None
-) -> array.array[int]:
+) -> ShardIndex:
     """Parse an index file; ``url`` names it in errors; the manifest's counts are checked if given.
 
     Every offset must be a 512-byte tar block boundary and larger than the one before (a
-    sample takes at least one block), and the samples must end where the shard's end-of-archive
-    blocks begin, so an index that belongs to another shard or build is refused rather than
-    used to read wrong bytes.
+    sample takes at least one block), and the samples must end before the shard's
+    end-of-archive blocks, so an index that belongs to another shard or build is refused rather
+    than used to read wrong bytes.
 
     Raises:
         ShardFormatError: Wrong magic or version, a torn file, offsets out of order or off the
@@ -69,15 +95,26 @@ def decode_offsets(
     if data[:8] != _MAGIC:
         raise ShardFormatError(f"{url}: not a shardstream index (bad magic {data[:8]!r})")
     version = int.from_bytes(data[8:_HEADER_BYTES], "little")
-    if version != INDEX_VERSION:
+    if version not in (1, 2):
         raise ShardFormatError(
-            f"{url}: index version {version} is not supported (this release reads "
-            f"{INDEX_VERSION}); upgrade shardstream or rebuild the dataset"
+            f"{url}: index version {version} is not supported (this release reads 1 and 2); "
+            "upgrade shardstream or rebuild the dataset"
         )
     body = data[_HEADER_BYTES:]
-    if not body or len(body) % 8:
+    if not body or len(body) % 8 or (version == 2 and len(body) % 16 != 8):
         raise ShardFormatError(f"{url}: index body of {len(body)} bytes is torn or empty")
     values = np.frombuffer(body, dtype="<u8")
+    keys = None
+    if version == 2:
+        count = (len(values) - 1) // 2
+        values, keys = values[: count + 1], values[count + 1 :].view("<i8").astype(np.int64)
+    _check_offsets(values, url, num_samples, num_bytes)
+    return ShardIndex(array.array("Q", values.astype(np.uint64).tolist()), keys)
+
+
+def _check_offsets(
+    values: np.ndarray, url: str, num_samples: int | None, num_bytes: int | None
+) -> None:
     if values[0] != 0 or np.any(values % BLOCK) or np.any(np.diff(values) == 0):
         raise ShardFormatError(f"{url}: index offsets are not increasing tar block boundaries")
     if np.any(values[1:] < values[:-1]):
@@ -87,10 +124,16 @@ def decode_offsets(
             f"{url}: index lists {len(values) - 1} samples, the manifest {num_samples}; "
             "rebuild the dataset or run `shardstream verify`"
         )
-    if num_bytes is not None and int(values[-1]) + END_BYTES != num_bytes:
+    if num_bytes is not None and int(values[-1]) + END_BYTES > num_bytes:
         raise ShardFormatError(
             f"{url}: index says the samples end at byte {int(values[-1])}, but the shard's "
-            f"{num_bytes} bytes end them at {num_bytes - END_BYTES}; the index belongs to "
-            "another build. Rebuild the dataset or run `shardstream verify`."
+            f"{num_bytes} bytes end them at {num_bytes - END_BYTES} at most; the index belongs "
+            "to another build. Rebuild the dataset or run `shardstream verify`."
         )
-    return array.array("Q", values.astype(np.uint64).tolist())
+
+
+def decode_offsets(
+    data: bytes, url: str, num_samples: int | None = None, num_bytes: int | None = None
+) -> array.array[int]:
+    """The sample offsets of an index (see :func:`decode_index`)."""
+    return decode_index(data, url, num_samples, num_bytes).offsets

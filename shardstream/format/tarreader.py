@@ -121,8 +121,11 @@ class TarReader:
         self.offset = offset
         self.end = end
         self.last_key = ""
-        #: Members passed over as not part of any sample, and the first one's name.
+        #: Entries that are not regular files (directories, links), passed over.
         self.skipped_members = 0
+        #: File members whose names belong to no sample (see ``keys.split_key``), passed over.
+        self.stray_files = 0
+        #: The first of either, for messages.
         self.skipped_example: str | None = None
         #: Whether the shard is gzipped (offsets are then positions in the uncompressed tar).
         self.compressed = False
@@ -144,9 +147,12 @@ class TarReader:
         self.offset = offset
         return True
 
-    def note_skipped(self, name: str) -> None:
+    def note_skipped(self, name: str, file: bool = False) -> None:
         """Count a member that belongs to no sample (verify and index report them)."""
-        self.skipped_members += 1
+        if file:
+            self.stray_files += 1
+        else:
+            self.skipped_members += 1
         if self.skipped_example is None:
             self.skipped_example = name
 

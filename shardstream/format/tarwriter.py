@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import IO
 
+from shardstream.format.keys import key_hash
 from shardstream.format.tarheader import BLOCK, member_header
 
 __all__ = ["TarShardWriter"]
@@ -23,7 +24,7 @@ class TarShardWriter:
     Example:
         >>> import io
         >>> writer = TarShardWriter(io.BytesIO())
-        >>> writer.start_sample()
+        >>> writer.start_sample("a/b")
         >>> writer.write_member("a/b.cls", b"3")
         >>> writer.finish()
         >>> writer.num_bytes, writer.sample_offsets
@@ -36,10 +37,13 @@ class TarShardWriter:
         self.num_bytes = 0
         #: Byte offset of every sample's first header, then of the end-of-archive blocks.
         self.sample_offsets: list[int] = []
+        #: The key hash of every sample (:func:`~shardstream.format.keys.key_hash`).
+        self.key_hashes: list[int] = []
 
-    def start_sample(self) -> None:
-        """Mark that the next member begins a new sample (records its offset for the index)."""
+    def start_sample(self, key: str) -> None:
+        """Mark that the next member begins sample ``key`` (its offset and key go to the index)."""
         self.sample_offsets.append(self.num_bytes)
+        self.key_hashes.append(key_hash(key))
 
     def write_member(self, name: str, data: bytes) -> None:
         """Append one member (header, data, zero padding)."""

@@ -6,12 +6,17 @@ Each shard is read once with the streaming reader's own parser and key rule
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from shardstream.errors import ChecksumMismatchError, ShardFormatError
 from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
+from shardstream.format.roots import root_store, view_selection
 from shardstream.format.scan import scan_shard
+from shardstream.format.selection import Selection
 from shardstream.format.shardindex import decode_offsets
 from shardstream.storage import StorageOptions, Store, as_store
 
@@ -43,39 +48,63 @@ def verify_dataset(
     return manifest
 
 
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Where a manifest's shards and indexes are, and what its shards may hold."""
+
+    shards: Store
+    indexes: Store
+    selection: Selection | None  # a view counts only the samples it keeps
+    extra_members: bool  # indexed with allow_extra_members: file members outside samples
+    foreign: bool  # indexed shards of other tools (directory entries are fine there)
+
+
 def find_problems(dataset: Store, manifest: Manifest) -> list[str]:
     """Every mismatch between the shards and ``manifest``, one message each ([] when none)."""
+    settings = manifest.settings
+    where = _Where(
+        root_store(dataset, manifest.shard_root),
+        root_store(dataset, manifest.index_root),
+        view_selection(dataset, manifest),
+        bool(settings.get("allow_extra_members", False)),
+        bool(settings.get("indexed", False)),
+    )
     problems: list[str] = []
     for shard in manifest.shards:
-        problems.extend(check_shard(dataset, shard))
+        problems.extend(check_shard(where.shards, shard, where))
     return problems
 
 
-def check_shard(dataset: Store, shard: ShardInfo) -> list[str]:
+def check_shard(dataset: Store, shard: ShardInfo, where: _Where | None = None) -> list[str]:
     """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
+    where = where or _Where(dataset, dataset, None, False, False)
     try:
         with dataset.open_read(shard.name) as stream:
-            scan = scan_shard(stream, shard.name)
+            scan = scan_shard(stream, dataset.shown(shard.name))
     except FileNotFoundError:
-        return [f"{shard.name}: missing (expected {shard.num_bytes} bytes)"]
+        return [f"{dataset.shown(shard.name)}: missing (expected {shard.num_bytes} bytes)"]
     problems = list(scan.problems)
-    if scan.skipped_members:
+    unexpected = (0 if where.extra_members else scan.stray_files) + (
+        0 if where.foreign else scan.skipped_members
+    )
+    if unexpected:
         problems.append(
-            f"{shard.name}: {scan.skipped_members} unexpected member(s) such as "
+            f"{shard.name}: {unexpected} unexpected member(s) such as "
             f"{scan.skipped_example!r} (not KEY.EXT file members)"
         )
     if shard.index is not None and scan.offsets is not None:
-        problems.extend(_check_index(dataset, shard, scan.offsets))
+        problems.extend(_check_index(where.indexes, shard, scan.offsets))
     if scan.num_bytes != shard.num_bytes:
         problems.append(
             f"{shard.name}: size expected {shard.num_bytes} bytes, found {scan.num_bytes}"
         )
-    if scan.sha256 != shard.sha256:
+    if shard.sha256 is not None and scan.sha256 != shard.sha256:
         problems.append(f"{shard.name}: sha256 expected {shard.sha256}, found {scan.sha256}")
-    if scan.num_samples != shard.num_samples:
-        problems.append(
-            f"{shard.name}: samples expected {shard.num_samples}, found {scan.num_samples}"
-        )
+    found = scan.num_samples
+    if where.selection is not None:
+        found = int(where.selection.keep(np.asarray(scan.key_hashes, np.int64)).sum())
+    if found != shard.num_samples:
+        problems.append(f"{shard.name}: samples expected {shard.num_samples}, found {found}")
     return problems
 
 

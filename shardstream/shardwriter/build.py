@@ -16,10 +16,11 @@ from shardstream.format.shardtable import ShardTable
 from shardstream.shardwriter import state
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
+from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
 from shardstream.shardwriter.sources import ScannedSource, scan_source
-from shardstream.shardwriter.tasks import ChunkResult, ChunkTask
+from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
 from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
 
@@ -75,12 +76,16 @@ def build_shards(
     """
     options = _resolve_options(options, overrides)
     store = Store(dest, storage_options)
-    if isinstance(source, (str, os.PathLike)):
-        scanned = scan_source(source, options.on_error)
-        return _build_from_table(scanned, os.fspath(source), store, options, executor, progress)
     if isinstance(source, (bytes, Mapping)):
         raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
-    return _build_from_iterable(source, store, options, executor, progress)
+    if isinstance(source, (str, os.PathLike)):
+        scanned = scan_source(source, options.on_error)  # a bad source leaves DEST untouched
+        with destination_lock(store):
+            return _build_from_table(
+                scanned, os.fspath(source), store, options, executor, progress
+            )
+    with destination_lock(store):
+        return _build_from_iterable(source, store, options, executor, progress)
 
 
 def _resolve_options(options: BuildOptions | None, overrides: dict[str, Any]) -> BuildOptions:
@@ -129,8 +134,9 @@ def _build_from_table(
         tracker.add(result)
     results = dict(done)
     run_tasks(
-        tasks, lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
-    )
+        write_chunk, tasks, lambda r: results.__setitem__(r.index, tracker.add(r)),
+        options.workers, executor,
+    )  # fmt: skip
     return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
 
 
@@ -167,8 +173,9 @@ def _build_from_iterable(
             yield ChunkTask(index, state_store, options, samples=chunk, digest=digest)
 
     run_tasks(
-        tasks(), lambda r: results.__setitem__(r.index, tracker.add(r)), options.workers, executor
-    )
+        write_chunk, tasks(), lambda r: results.__setitem__(r.index, tracker.add(r)),
+        options.workers, executor,
+    )  # fmt: skip
     if not results:
         raise SourceError("the iterable source yielded no samples")
     return _finish(dest, state_store, results, None, settings, None)

@@ -1,7 +1,8 @@
-"""Running chunk tasks: in-process, on local processes, or on any user-supplied executor.
+"""Running tasks (build chunks, index batches): in-process, on local processes, or on any
+user-supplied executor.
 
-At most ``2 * workers`` tasks are in flight, so memory stays constant however many chunks a
-build has. Results are handed back in completion order; callers order them by chunk index.
+At most ``2 * workers`` tasks are in flight, so memory stays constant however many tasks a job
+has. Results are handed back in completion order; callers order them by task number.
 """
 
 from __future__ import annotations
@@ -15,41 +16,68 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.context import BaseContext
+from typing import TypeVar
 
-from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
+from shardstream.errors import ConfigError
 
 __all__ = ["run_tasks"]
 
+Task = TypeVar("Task")
+Result = TypeVar("Result")
+
 
 def run_tasks(
-    tasks: Iterable[ChunkTask],
-    on_result: Callable[[ChunkResult], None],
+    function: Callable[[Task], Result],
+    tasks: Iterable[Task],
+    on_result: Callable[[Result], None],
     workers: int = 1,
     executor: cf.Executor | None = None,
 ) -> None:
-    """Run every task and call ``on_result`` with each result as it completes.
+    """Run ``function`` on every task and call ``on_result`` with each result as it completes.
 
     With no ``executor`` and ``workers == 1`` tasks run in this process; with ``workers > 1``
     a local process pool is started (and shut down) here. A given executor is used as is and
-    left running.
+    left running. ``function`` and the tasks must pickle (a module-level function).
     """
     if executor is None and workers == 1:
         for task in tasks:
-            on_result(write_chunk(task))
+            on_result(function(task))
         return
     own = executor is None
+    context = _process_context()
     pool = executor or cf.ProcessPoolExecutor(
         max_workers=workers,
-        mp_context=_process_context(),
+        mp_context=context,
         initializer=_exit_with_parent,
         initargs=(os.getpid(),),
     )
     try:
-        _submit_bounded(pool, tasks, on_result, max_in_flight=2 * workers)
+        _submit_bounded(pool, function, tasks, on_result, max_in_flight=2 * workers)
+    except BrokenProcessPool as error:
+        if not own:
+            raise
+        raise ConfigError(_broken_pool_advice(context.get_start_method())) from error
     finally:
         if own:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _broken_pool_advice(start_method: str) -> str:
+    """What to do when a local worker process died: the likely cause for this start method."""
+    died = "a build worker process died"
+    if start_method == "spawn":
+        return (
+            f"{died}. This process runs other threads (after `import torch`, for example), so "
+            "workers are started with 'spawn' and each re-imports your main script: put the "
+            'call under `if __name__ == "__main__":` (or pass workers=1). If the script has '
+            "that guard, a worker was killed, for example by the OS when memory ran out."
+        )
+    return (
+        f"{died} (killed, for example by the OS when memory ran out: fewer workers, or "
+        "smaller shards, use less)"
+    )
 
 
 def _process_context() -> BaseContext:
@@ -80,14 +108,15 @@ def _exit_with_parent(parent: int) -> None:
 
 def _submit_bounded(
     pool: cf.Executor,
-    tasks: Iterable[ChunkTask],
-    on_result: Callable[[ChunkResult], None],
+    function: Callable[[Task], Result],
+    tasks: Iterable[Task],
+    on_result: Callable[[Result], None],
     max_in_flight: int,
 ) -> None:
-    pending: set[cf.Future[ChunkResult]] = set()
+    pending: set[cf.Future[Result]] = set()
     try:
         for task in tasks:
-            pending.add(pool.submit(write_chunk, task))
+            pending.add(pool.submit(function, task))
             if len(pending) >= max_in_flight:
                 done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
                 for future in done:

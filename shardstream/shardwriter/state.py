@@ -25,6 +25,7 @@ import logging
 from shardstream.errors import DatasetExistsError, ManifestError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
 from shardstream.format.shardindex import index_name
+from shardstream.shardwriter.lock import LOCK_NAME
 from shardstream.shardwriter.tasks import ChunkResult
 from shardstream.shardwriter.timminfo import TIMM_INFO_NAME
 from shardstream.storage import Store
@@ -78,7 +79,7 @@ def prepare_destination(
             files, and ``overwrite`` is false.
     """
     state = dest.child(STATE_FOLDER)
-    names = dest.list_names()
+    names = [name for name in dest.list_names() if name != LOCK_NAME]  # this run's own lock
     if MANIFEST_NAME in names:
         manifest = _read_existing(dest)
         if (

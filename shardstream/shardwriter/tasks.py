@@ -190,7 +190,7 @@ class _ShardRoller:
                 logger.warning(
                     "sample %r (%d bytes) exceeds max_bytes_per_shard: own shard", key, size
                 )
-        writer.start_sample()
+        writer.start_sample(key)
         for name, data in names:
             writer.write_member(name, data)
         self._count += 1
@@ -221,6 +221,6 @@ class _ShardRoller:
         # The index is written after its part, so a part counts as done only with its index.
         index = index_name(name)
         with self._task.state.open_atomic_write(index) as stream:
-            stream.write(encode_offsets(writer.sample_offsets))
+            stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes))
         self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

@@ -42,14 +42,15 @@ def forget_listings(fs: Any, path: str) -> None:
             fs.invalidate_cache(path)
 
 
-def list_files(fs: Any, path: str) -> list[str]:
-    """Sorted names of the files directly inside a folder; [] when it is missing."""
+def list_files(fs: Any, path: str, kind: str = "file") -> list[str]:
+    """Sorted names of the files (or, with ``kind="directory"``, the folders) directly inside
+    a folder; [] when it is missing."""
     forget_listings(fs, path)  # object stores have no folders: list the prefix afresh
     try:
         entries = fs.ls(path.rstrip("/"), detail=True)
     except FileNotFoundError:
         return []
-    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "file"]
+    names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == kind]
     return sorted(names)
 
 

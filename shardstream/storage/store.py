@@ -237,6 +237,10 @@ class Store:
         """Sorted names of the files directly inside folder ``name``; [] when it is missing."""
         return files.list_files(*self._path(name))
 
+    def list_folders(self, name: str = "") -> list[str]:
+        """Sorted names of the folders (object stores: common prefixes) inside folder ``name``."""
+        return files.list_files(*self._path(name), kind="directory")
+
     # -- writing -------------------------------------------------------------------------------
 
     def makedirs(self, name: str = "") -> None:

@@ -15,9 +15,11 @@ if TYPE_CHECKING:
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
     from shardstream.streaming.options import StreamOptions
+    from shardstream.streaming.randomaccess import RandomAccessDataset
     from shardstream.streaming.shardlist import ShardSpec, resolve_source
 
 __all__ = [
+    "RandomAccessDataset",
     "ShardSpec",
     "Stream",
     "StreamOptions",
@@ -27,6 +29,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "RandomAccessDataset": "shardstream.streaming.randomaccess",
     "ShardSpec": "shardstream.streaming.shardlist",
     "Stream": "shardstream.streaming.mixture",
     "StreamOptions": "shardstream.streaming.options",

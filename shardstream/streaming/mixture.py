@@ -18,7 +18,7 @@ from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, StorageOptions
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence, stream_quotas
 from shardstream.streaming.planning.split import PlanOptions
-from shardstream.streaming.shardlist import ShardList, Source, resolve_source
+from shardstream.streaming.shardlist import ShardList, Source, resolve_source, source_of
 
 __all__ = ["Mixture", "Stream", "stream_quotas"]
 
@@ -71,7 +71,7 @@ class Mixture:
     ) -> None:
         if not streams:
             raise ConfigError("a mixture needs at least one Stream")
-        stores, tables, self.names = [], [], []
+        sources, self.names = [], []
         for index, stream in enumerate(streams):
             store, _, manifest = resolve_source(
                 stream.source,
@@ -84,10 +84,9 @@ class Mixture:
                     "stream's sample counts to keep its proportions exact (run `shardstream "
                     "index` on shards made by other tools)"
                 )
-            stores.append(store)
-            tables.append(manifest.shards)
+            sources.append(source_of(store, manifest))
             self.names.append(stream.name or store.shown())
-        self.shards = ShardList(stores, tables)
+        self.shards = ShardList(sources)
         sizes = [int(self.shards.counts(i).sum()) for i in range(len(streams))]
         self.quotas = stream_quotas(
             sizes,

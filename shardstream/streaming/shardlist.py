@@ -11,10 +11,12 @@ import numpy as np
 
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest, read_manifest
+from shardstream.format.roots import root_store, view_selection
+from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
 from shardstream.storage import ReadOptions, StorageOptions, Store
 
-__all__ = ["ShardList", "ShardSpec", "Source", "resolve_source"]
+__all__ = ["ShardList", "ShardSource", "ShardSpec", "Source", "resolve_source", "source_of"]
 
 _SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst")
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
@@ -26,10 +28,10 @@ class ShardSpec:
 
     Attributes:
         name: The shard's name in its store (a full URL when the store has no common root).
-        num_samples: Samples in the shard from the manifest, or None when unknown.
+        num_samples: Samples to read from it (a view's kept samples), or None when unknown.
         index: The name of the shard's byte-offset index (from the manifest), or None.
         num_bytes: The shard's size in bytes from the manifest, or None when unknown.
-        store: Which of the dataset's stores holds it (its stream, in a mixture).
+        store: Which source of the list holds it (its stream, in a mixture).
     """
 
     name: str
@@ -39,51 +41,73 @@ class ShardSpec:
     store: int = 0
 
 
-class ShardList:
-    """The shards a dataset reads, from one or more stores (a mixture has one per stream).
+@dataclasses.dataclass(frozen=True)
+class ShardSource:
+    """One dataset's shards: where they and their indexes are, and which samples to read.
 
-    Shards are numbered across the stores in order. Counts come from the stores' manifests as
-    arrays (nothing per shard is built until a worker opens that shard), so a dataset of a
-    million shards costs a few arrays, shared by forked DataLoader workers.
-
-    Args:
-        stores: Where the shards are.
-        tables: Per store, its manifest's shard table, or the shard names alone (no manifest:
-            counts unknown).
+    Attributes:
+        shards: The store shard names are relative to.
+        indexes: The store index names are relative to.
+        table: The manifest's shard table, or the names alone (no manifest: counts unknown).
+        selection: For a view, the samples it keeps (read through the shards' indexes).
     """
 
-    def __init__(self, stores: Sequence[Store], tables: Sequence[ShardTable | NameColumn]) -> None:
-        if len(stores) != len(tables):
-            raise ConfigError("a shard list needs one table per store")
-        self.stores, self.tables = tuple(stores), tuple(tables)
-        sizes = [len(table) for table in self.tables]
-        self.firsts = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=self.firsts[1:])
+    shards: Store
+    indexes: Store
+    table: ShardTable | NameColumn
+    selection: Selection | None = None
+
+
+class ShardList:
+    """The shards a dataset reads, from one or more sources (a mixture has one per stream).
+
+    Shards are numbered across the sources in order. Counts come from the manifests as arrays
+    (nothing per shard is built until a worker opens that shard), so a dataset of a million
+    shards costs a few arrays, shared by forked DataLoader workers.
+    """
+
+    def __init__(self, sources: Sequence[ShardSource]) -> None:
+        self.sources = tuple(sources)
+        self.firsts = np.zeros(len(self.sources) + 1, dtype=np.int64)
+        np.cumsum([len(source.table) for source in self.sources], out=self.firsts[1:])
 
     @property
     def counted(self) -> bool:
-        """Whether every shard's sample count is known (every store has a manifest)."""
-        return all(isinstance(table, ShardTable) for table in self.tables)
+        """Whether every shard's sample count is known (every source has a manifest)."""
+        return all(isinstance(source.table, ShardTable) for source in self.sources)
 
     def __len__(self) -> int:
         return int(self.firsts[-1])
 
-    def counts(self, store: int | None = None) -> np.ndarray:
-        """Samples per shard (of one store, or of all), as an ``int64`` array."""
-        tables = self.tables if store is None else [self.tables[store]]
+    def counts(self, source: int | None = None) -> np.ndarray:
+        """Samples per shard (of one source, or of all), as an ``int64`` array."""
+        tables = [s.table for s in (self.sources if source is None else [self.sources[source]])]
         arrays = [table.num_samples for table in tables if isinstance(table, ShardTable)]
         if len(arrays) != len(tables):
             raise ConfigError("sample counts are unknown: a source has no manifest")
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
+    def locate(self, shard: int) -> tuple[int, int]:
+        """``(source, shard number within it)`` of shard number ``shard``."""
+        source = int(np.searchsorted(self.firsts, shard, side="right")) - 1
+        return source, shard - int(self.firsts[source])
+
     def spec(self, shard: int) -> ShardSpec:
-        """Shard number ``shard``: its name, store, and what its manifest says."""
-        store = int(np.searchsorted(self.firsts, shard, side="right")) - 1
-        table, local = self.tables[store], shard - int(self.firsts[store])
+        """Shard number ``shard``: its name, source, and what its manifest says."""
+        source, local = self.locate(shard)
+        table = self.sources[source].table
         if isinstance(table, NameColumn):
-            return ShardSpec(table[local], store=store)
+            return ShardSpec(table[local], store=source)
         info = table[local]
-        return ShardSpec(info.name, info.num_samples, info.index, info.num_bytes, store)
+        return ShardSpec(info.name, info.num_samples, info.index, info.num_bytes, source)
+
+
+def source_of(store: Store, manifest: Manifest) -> ShardSource:
+    """The shard source a dataset's manifest describes (its roots and view, if any)."""
+    selection = view_selection(store, manifest)
+    shards = root_store(store, manifest.shard_root)
+    indexes = root_store(store, manifest.index_root)
+    return ShardSource(shards, indexes, manifest.shards, selection)
 
 
 def resolve_source(
@@ -100,8 +124,8 @@ def resolve_source(
         read_options: Retries, read-ahead and cache for reading the shards.
 
     Returns:
-        The store the shards are named in, the shards, and the manifest (None for patterns
-        and lists: counts are unknown).
+        The dataset's store, the shards, and the manifest (None for patterns and lists:
+        counts are unknown).
 
     Raises:
         ManifestNotFoundError: A folder without ``manifest.json``.
@@ -121,10 +145,10 @@ def resolve_source(
             manifest = read_manifest(store)
             if not len(manifest.shards):
                 raise ConfigError(f"{store.shown()}: the manifest lists no shards")
-            return store, ShardList([store], [manifest.shards]), manifest
+            return store, ShardList([source_of(store, manifest)]), manifest
     else:
         urls = [os.fspath(url) for url in source]
     if not urls:
         raise ConfigError(f"{source!r} names no shards; pass a folder, a pattern or a URL list")
     store, names = Store.for_urls(urls, storage_options, read_options)
-    return store, ShardList([store], [NameColumn.of(names)]), None
+    return store, ShardList([ShardSource(store, store, NameColumn.of(names))]), None

@@ -43,11 +43,12 @@ def test_the_reader_and_verify_group_names_by_the_same_rule(tmp_path: pathlib.Pa
     expected = [split_key(name) for name in NAMES]
     assert samples == [("a", ["b.c"]), ("k", ["cls", "jpg"]), ("d/e", ["f.png"])]
     assert [pair[0] for pair in expected if pair] == ["a", "k", "k", "d/e"]
-    assert reader.skipped_members == 1 + sum(pair is None for pair in expected)  # + directory
+    assert reader.skipped_members == 1  # the directory
+    assert reader.stray_files == sum(pair is None for pair in expected)
     with open(shard, "rb") as stream:
         scan = scan_shard(stream, str(shard))
     assert scan.num_samples == len(samples) and scan.first_key == "a" and scan.last_key == "d/e"
-    assert scan.skipped_members == reader.skipped_members
+    assert (scan.skipped_members, scan.stray_files) == (1, reader.stray_files)
     from shardstream.format.manifest import ShardInfo
 
     info = ShardInfo("other.tar", scan.num_samples, scan.num_bytes, scan.sha256)

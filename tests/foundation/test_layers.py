@@ -27,6 +27,7 @@ ALLOWED = {
     "streaming": {"storage", "format"},
     "cli": {"storage", "format", "shardwriter", "streaming"},
     "__init__": {"storage", "format", "shardwriter", "streaming"},
+    "__main__": {"cli"},
 }
 
 

@@ -23,7 +23,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.sequence import Run, ShardSequence, shard_order
+from shardstream.streaming.planning.sequence import (
+    Run,
+    ShardSequence,
+    last_at_most,
+    shard_order,
+)
 from shardstream.streaming.planning.split import PlanOptions
 
 __all__ = ["MixedStream", "MixtureSequence", "stream_quotas"]
@@ -187,13 +192,7 @@ class MixtureSequence:
         """The slot holding mixture position ``position``."""
         low = position // self.run_length
         high = min(sum(self.num_runs) - 1, low + len(self.streams) + 1)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self._slot_start(middle) <= position:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return last_at_most(self._slot_start, position, low, high)
 
     def _cycle(self, stream: int, cycle: int) -> ShardSequence:
         key = (stream, cycle)

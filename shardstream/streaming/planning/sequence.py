@@ -14,11 +14,19 @@ A *run* is ``(shard, first, stop, position)``: samples ``[first, stop)`` of shar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["BaseSequence", "RangeSequence", "Run", "ShardSequence", "shard_order"]
+__all__ = [
+    "BaseSequence",
+    "RangeSequence",
+    "Run",
+    "ShardSequence",
+    "last_at_most",
+    "shard_order",
+]
 
 
 class Run(NamedTuple):
@@ -162,3 +170,20 @@ def base_ranges(
 def base_of(sequence: BaseSequence | RangeSequence) -> BaseSequence:
     """The epoch's whole sequence behind ``sequence``."""
     return sequence.base if isinstance(sequence, RangeSequence) else sequence
+
+
+def last_at_most(start_of: Callable[[int], int], position: int, low: int, high: int) -> int:
+    """The last ``i`` in ``[low, high]`` with ``start_of(i) <= position`` (``start_of`` rising,
+    ``start_of(low) <= position``): the window, slot or run that holds ``position``.
+
+    Example:
+        >>> last_at_most(lambda i: 10 * i, 35, 0, 9)
+        3
+    """
+    while low < high:
+        middle = (low + high + 1) // 2
+        if start_of(middle) <= position:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -22,7 +22,13 @@ import dataclasses
 
 import numpy as np
 
-from shardstream.streaming.planning.sequence import PassSequence, Run, base_of, base_ranges
+from shardstream.streaming.planning.sequence import (
+    PassSequence,
+    Run,
+    base_of,
+    base_ranges,
+    last_at_most,
+)
 from shardstream.streaming.planning.split import PlanOptions, Shape
 
 __all__ = [
@@ -94,13 +100,7 @@ class StreamLanes:
         """The window holding stream position ``position``."""
         piece = self.shape.piece_size
         low, high = position // (piece * max(1, self.shape.lanes)), -(-self.total // piece)
-        while low < high:  # the last window w with before(w) <= position
-            middle = (low + high + 1) // 2
-            if self.before(middle) <= position:
-                low = middle
-            else:
-                high = middle - 1
-        return low
+        return last_at_most(self.before, position, low, high)
 
     def rank_ranges(self, lane: int, start: int, stop: int) -> list[tuple[int, int]]:
         """Sub-lane positions ``[start, stop)`` of ``lane`` as rank-part ranges (split at units)."""

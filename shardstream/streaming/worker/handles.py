@@ -11,7 +11,6 @@ positional).
 
 from __future__ import annotations
 
-import array
 import collections
 import contextlib
 import logging
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from shardstream.errors import ShardFormatError
-from shardstream.format.shardindex import decode_offsets
+from shardstream.format.shardindex import ShardIndex, decode_index
 from shardstream.storage import Store, is_local_url
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex"]
@@ -48,14 +47,12 @@ class IndexCache:
     def __init__(self, store: Store, max_shards: int = 256) -> None:
         self._store = store
         self._max_shards = max_shards
-        self._indexes: collections.OrderedDict[str, array.array[int] | None] = (
-            collections.OrderedDict()
-        )
+        self._indexes: collections.OrderedDict[str, ShardIndex | None] = collections.OrderedDict()
 
     def get(
         self, name: str, num_samples: int | None = None, num_bytes: int | None = None
-    ) -> array.array[int] | None:
-        """The offsets in index ``name`` (samples then end), or None when it cannot be used.
+    ) -> ShardIndex | None:
+        """Index ``name`` (offsets: samples then end; key hashes), or None when unusable.
 
         ``num_samples`` and ``num_bytes`` (the manifest's) are checked against the index, so an
         index of another build is not used.
@@ -69,16 +66,14 @@ class IndexCache:
             self._indexes.popitem(last=False)
         return offsets
 
-    def _load(
-        self, name: str, num_samples: int | None, num_bytes: int | None
-    ) -> array.array[int] | None:
+    def _load(self, name: str, num_samples: int | None, num_bytes: int | None) -> ShardIndex | None:
         shown = self._store.shown(name)
         try:
             with self._store.open_read(name) as stream:
                 data = stream.read(_MAX_INDEX_BYTES + 1)
             if len(data) > _MAX_INDEX_BYTES:
                 raise ShardFormatError(f"{shown}: larger than {_MAX_INDEX_BYTES} bytes")
-            return decode_offsets(data, shown, num_samples, num_bytes)
+            return decode_index(data, shown, num_samples, num_bytes)
         except (OSError, ShardFormatError) as error:  # StorageError is an OSError too
             logger.warning("%s: not using this shard index, walking the shard (%s)", shown, error)
             return None

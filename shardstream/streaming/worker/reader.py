@@ -10,12 +10,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from shardstream.errors import ShardFormatError, StorageError
+from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
-from shardstream.streaming.shardlist import ShardList
+from shardstream.streaming.shardlist import ShardList, ShardSpec
 from shardstream.streaming.worker.handles import HandlePool, IndexCache, OffsetIndex
 from shardstream.streaming.worker.pieces import read_piece
 
@@ -71,9 +74,10 @@ class ShardReader:
         self.shards, self.settings = shards, settings
         self.stats = stats if stats is not None else WorkerStats()
         idle = settings.max_idle_handles
-        self._pools = [HandlePool(store, max_idle=idle) for store in shards.stores]
-        self._indexes = [IndexCache(store) for store in shards.stores]
+        self._pools = [HandlePool(source.shards, max_idle=idle) for source in shards.sources]
+        self._indexes = [IndexCache(source.indexes) for source in shards.sources]
         self._walked = OffsetIndex()
+        self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
 
     def open(self, shard: int, first: int, stop: int | None) -> Iterator[Any]:
         """Samples ``[first, stop)`` of shard number ``shard`` (``None``: to its end).
@@ -82,19 +86,83 @@ class ShardReader:
         missing sample, so batch boundaries do not move) and the samples are counted.
         """
         spec = self.shards.spec(shard)
-        offsets = None
-        if spec.index is not None and not is_gzip_name(spec.name):
-            offsets = self._indexes[spec.store].get(spec.index, spec.num_samples, spec.num_bytes)
+        selection = self.shards.sources[spec.store].selection
+        index = self._index_of(spec)
+        if selection is not None:
+            samples = self._selected(shard, spec, index, first, stop)
+        else:
+            samples = self._range(spec, first, stop, index.offsets if index else None)
         settings = self.settings
-        samples = read_piece(
-            self._pools[spec.store], spec.name, first, stop, self._walked, offsets,
-            settings.max_member_bytes, settings.memory_map,
-        )  # fmt: skip
         if settings.tag_streams:
             samples = _tagged(samples, spec.store)
         if settings.on_error != "skip":
             return samples  # errors propagate as they are: no layer to pass through
         return self._guarded(samples, None if stop is None else stop - first)
+
+    def index(self, shard: int) -> ShardIndex | None:
+        """Shard number ``shard``'s index (offsets, key hashes), or None when it has none."""
+        return self._index_of(self.shards.spec(shard))
+
+    def kept(self, shard: int) -> np.ndarray | None:
+        """A view's kept ordinals of shard number ``shard`` (None outside views)."""
+        spec = self.shards.spec(shard)
+        if self.shards.sources[spec.store].selection is None:
+            return None
+        return self._kept_ordinals(shard, spec, self._index_of(spec))
+
+    def _index_of(self, spec: ShardSpec) -> ShardIndex | None:
+        if spec.index is None or is_gzip_name(spec.name):
+            return None
+        view = self.shards.sources[spec.store].selection is not None
+        count = None if view else spec.num_samples  # a view's count is of kept samples
+        return self._indexes[spec.store].get(spec.index, count, spec.num_bytes)
+
+    def _range(
+        self, spec: ShardSpec, first: int, stop: int | None, offsets: Sequence[int] | None
+    ) -> Iterator[Any]:
+        settings = self.settings
+        return read_piece(
+            self._pools[spec.store], spec.name, first, stop, self._walked, offsets,
+            settings.max_member_bytes, settings.memory_map,
+        )  # fmt: skip
+
+    def _selected(
+        self, shard: int, spec: ShardSpec, index: ShardIndex | None, first: int, stop: int | None
+    ) -> Iterator[Any]:
+        """Kept samples ``[first, stop)`` of a view's shard: runs of its source's samples."""
+        ordinals = self._kept_ordinals(shard, spec, index)[first:stop]
+        breaks = np.flatnonzero(np.diff(ordinals) != 1) + 1
+        starts = np.concatenate([[0], breaks]).tolist()
+        ends = np.concatenate([breaks, [len(ordinals)]]).tolist()
+        offsets = index.offsets if index is not None else None
+        return itertools.chain.from_iterable(
+            self._range(spec, int(ordinals[a]), int(ordinals[b - 1]) + 1, offsets)
+            for a, b in zip(starts, ends, strict=True)
+            if b > a
+        )
+
+    def _kept_ordinals(self, shard: int, spec: ShardSpec, index: ShardIndex | None) -> np.ndarray:
+        kept = self._kept.get(shard)
+        if kept is None:
+            if index is None or index.key_hashes is None:
+                raise ShardFormatError(
+                    f"{spec.name}: a view reads its shards through their indexes' key hashes, "
+                    "and this shard's index has none (or is missing); run `shardstream index` "
+                    "on the source dataset"
+                )
+            selection = self.shards.sources[spec.store].selection
+            if selection is None:
+                raise ShardFormatError(f"{spec.name}: not a view's shard")
+            kept = np.flatnonzero(selection.keep(index.key_hashes))
+            if len(self._kept) >= 64:
+                self._kept.clear()
+            self._kept[shard] = kept
+        if spec.num_samples is not None and len(kept) != spec.num_samples:
+            raise ShardFormatError(
+                f"{spec.name}: the view keeps {spec.num_samples} of its samples, its index "
+                f"gives {len(kept)}; the source dataset changed after the view was made"
+            )
+        return kept
 
     def _guarded(self, samples: Iterator[Any], count: int | None) -> Iterator[Any]:
         produced = 0

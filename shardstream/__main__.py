@@ -1,0 +1,7 @@
+"""``python -m shardstream``: the command line (the same as the ``shardstream`` command)."""
+
+import sys
+
+from shardstream.cli import main
+
+sys.exit(main())

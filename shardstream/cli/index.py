@@ -1,0 +1,60 @@
+"""``shardstream index``: describe shards made by other tools, in place or into DEST."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardstream.cli.common import add_storage_options, human, progress_bar, storage_options
+
+__all__ = ["add_index"]
+
+
+def add_index(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "index", help="index existing shards (webdataset, img2dataset, tar) for exact epochs"
+    )
+    parser.add_argument(
+        "source", help="folder or URL of .tar/.tar.gz shards, a brace pattern, or a .txt list"
+    )
+    parser.add_argument(
+        "dest", nargs="?", default=None,
+        help="where the indexes and manifest go (default: next to the shards)",
+    )  # fmt: skip
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="parallel processes")
+    parser.add_argument(
+        "--no-checksum", action="store_true",
+        help="skip the sha256 (faster; verify then cannot check bytes)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-extra-members", action="store_true",
+        help="accept members that belong to no sample (every reader skips them)",
+    )  # fmt: skip
+    parser.add_argument("--overwrite", action="store_true", help="index again over a manifest")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_storage_options(parser)
+    parser.set_defaults(handler=_run_index)
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    from shardstream.shardwriter.indexer import IndexOptions, index_shards
+
+    options = IndexOptions(
+        workers=args.workers, checksum=not args.no_checksum,
+        allow_extra_members=args.allow_extra_members, overwrite=args.overwrite,
+    )  # fmt: skip
+    bar = progress_bar(args.quiet, unit="shards")
+    try:
+        manifest = index_shards(
+            args.source, args.dest, options, storage_options=storage_options(args),
+            progress=bar.update if bar else None,
+        )  # fmt: skip
+    finally:
+        if bar:
+            bar.close()
+    where = args.dest or args.source
+    print(
+        f"{where}: indexed {len(manifest.shards)} shards, {manifest.num_samples} samples, "
+        f"{human(manifest.num_bytes)}"
+    )
+    return 0

@@ -1,0 +1,38 @@
+"""``shardstream verify``: re-read every shard and check it against the manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from shardstream.cli.common import add_storage_options, shown, storage_options
+from shardstream.storage import Store
+
+__all__ = ["add_verify"]
+
+
+def add_verify(subparsers: Any) -> None:
+    parser = subparsers.add_parser("verify", help="re-read every shard and check it")
+    parser.add_argument("dest")
+    add_storage_options(parser)
+    parser.set_defaults(handler=_run_verify)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from shardstream.format.manifest import read_manifest
+    from shardstream.format.verify import find_problems
+
+    store = Store(args.dest, storage_options(args))
+    manifest = read_manifest(store)
+    problems = find_problems(store, manifest)
+    for problem in problems:
+        print(f"MISMATCH {problem}")
+    if problems:
+        print(
+            f"{shown(args)}: {len(problems)} problem(s) in {len(manifest.shards)} shards",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{shown(args)}: OK, {len(manifest.shards)} shards, {manifest.num_samples} samples")
+    return 0

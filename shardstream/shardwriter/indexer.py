@@ -1,0 +1,312 @@
+"""``index_shards``: describe shards made by other tools in place, without changing a byte.
+
+WebDataset shards from ``webdataset``'s ShardWriter, img2dataset or ``tar`` stream through
+shardstream as they are, but without counts nothing can be exact. Indexing reads every shard
+once with the streaming reader's own parser (:func:`~shardstream.format.scan.scan_shard`) and
+writes what counted datasets have: a per-shard index (byte offsets and key hashes), the manifest
+(written last) and timm's ``_info.json``. Then every guarantee holds on those shards: ``len``,
+exact equal epochs, memory-mapped reads, resume at any world size, mixtures, views, ``verify``.
+
+The metadata goes next to the shards, or into DEST when given (for shards that cannot be
+written next to, such as a read-only bucket): DEST's manifest then names the shards' root.
+Shards are read in batches by parallel tasks (processes, or any executor); each batch leaves a
+record in DEST's ``_shardstream_index`` folder, so a killed run goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from shardstream._version import __version__
+from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError, SourceError
+from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
+from shardstream.format.roots import absolute_root
+from shardstream.format.scan import scan_shard
+from shardstream.format.shardindex import decode_index, encode_offsets, index_name
+from shardstream.format.shardtable import ShardInfo, ShardTable
+from shardstream.format.tarreader import is_gzip_name
+from shardstream.shardwriter.execute import run_tasks
+from shardstream.shardwriter.listing import list_shards
+from shardstream.shardwriter.lock import destination_lock
+from shardstream.shardwriter.timminfo import write_timm_info
+from shardstream.storage import Store
+
+__all__ = ["IndexOptions", "index_shards"]
+
+logger = logging.getLogger(__name__)
+
+STATE_FOLDER = "_shardstream_index"
+_PLAN = "plan.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexOptions:
+    """Settings of :func:`index_shards`.
+
+    Attributes:
+        workers: Parallel processes (ignored with an executor, which bounds itself).
+        checksum: Compute every shard's sha256 (reads every byte; without it a local shard's
+            member data is skipped over and ``verify`` cannot check bytes).
+        allow_extra_members: Accept file members that belong to no sample (names without an
+            extension, dotfiles, ``__MACOSX/``...), which shardstream skips but other readers
+            may not. Directories and links are always accepted: every reader skips them.
+        shards_per_task: Shards one task reads (and one state record describes).
+        overwrite: Index again where a manifest already is.
+        split: timm's split name in ``_info.json``.
+    """
+
+    workers: int = 1
+    checksum: bool = True
+    allow_extra_members: bool = False
+    shards_per_task: int = 64
+    overwrite: bool = False
+    split: str = "train"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Task:
+    number: int
+    first: int
+    names: tuple[str, ...]
+    shards: Store
+    dest: Store
+    checksum: bool
+
+
+def _index_task(task: _Task) -> dict[str, Any]:
+    """Scan a batch of shards, write their indexes, and record what was found (last)."""
+    entries = []
+    for name in task.names:
+        with task.shards.open_read(name) as stream:
+            scan = scan_shard(stream, task.shards.shown(name), task.checksum)
+        index = None
+        if scan.offsets is not None and not scan.problems:
+            index = index_name(name)
+            _write_index(task.dest, index, scan.offsets, scan.key_hashes)
+        entry = {
+            "name": name, "num_samples": scan.num_samples, "num_bytes": scan.num_bytes,
+            "sha256": scan.sha256, "index": index, "first_key": scan.first_key,
+            "last_key": scan.last_key, "skipped": scan.stray_files,
+            "skipped_example": scan.skipped_example, "problems": scan.problems,
+        }  # fmt: skip
+        entries.append(entry)
+    record = {"number": task.number, "first": task.first, "entries": entries}
+    with task.dest.child(STATE_FOLDER).open_atomic_write(f"task-{task.number:06d}.json") as out:
+        out.write(json.dumps(record).encode("utf-8"))
+    return record
+
+
+def _write_index(dest: Store, name: str, offsets: Sequence[int], keys: Sequence[int]) -> None:
+    """Write an index, refusing to replace a file that is not a shardstream index (DALI's...)."""
+    if dest.exists(name):
+        try:
+            decode_index(dest.read_bytes(name), dest.shown(name))
+        except ShardFormatError as error:
+            raise DatasetExistsError(
+                f"{dest.shown(name)}: exists and is not a shardstream index (a DALI index?); "
+                "write the metadata elsewhere: index SOURCE DEST"
+            ) from error
+    with dest.open_atomic_write(name) as stream:
+        stream.write(encode_offsets(offsets, keys))
+
+
+ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
+
+
+def index_shards(
+    source: str | os.PathLike[str] | Sequence[str],
+    dest: str | os.PathLike[str] | None = None,
+    options: IndexOptions | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    executor: cf.Executor | None = None,
+    progress: ProgressCallback | None = None,
+    **overrides: Any,
+) -> Manifest:
+    """Index existing shards: per-shard indexes, ``manifest.json`` and timm's ``_info.json``.
+
+    Args:
+        source: A folder or URL prefix of ``.tar``/``.tar.gz`` shards, a brace pattern, a
+            ``.txt`` list of shard URLs, or a list of URLs.
+        dest: Where the metadata goes (default: next to the shards). DEST's manifest then
+            names the shards where they are.
+        options: See :class:`IndexOptions`.
+        storage_options: fsspec options for remote URLs.
+        executor: Runs the tasks, e.g. ``distributed.Client(...).get_executor()``.
+        progress: Called after each task with shards and bytes done, and the shard total.
+        **overrides: Any :class:`IndexOptions` field, e.g. ``workers=8``.
+
+    Returns:
+        The manifest written.
+
+    Raises:
+        SourceError: What breaks exactness, listed: a shard that does not read, a sample split
+            across two shards, a key that comes back after other keys, members that belong to
+            no sample (unless ``allow_extra_members``).
+        DatasetExistsError: DEST holds a manifest (pass ``overwrite``) or a foreign ``.idx``.
+        ConfigError: The metadata cannot be written next to the shards (give DEST).
+
+    Example:
+        >>> manifest = index_shards("s3://bucket/laion/{00000..09999}.tar", "s3://mine/laion",
+        ...                         workers=16)  # doctest: +SKIP
+    """
+    options = dataclasses.replace(options or IndexOptions(), **overrides)
+    shards, names = list_shards(source, storage_options)
+    target = shards if dest is None else Store(dest, storage_options)
+    with destination_lock(target, "index"):
+        return _index(shards, names, target, dest is None, options, executor, progress)
+
+
+def _index(
+    shards: Store,
+    names: list[str],
+    target: Store,
+    in_place: bool,
+    options: IndexOptions,
+    executor: cf.Executor | None,
+    progress: ProgressCallback | None,
+) -> Manifest:
+    _prepare(target, shards, names, options, in_place)
+    records = _load_records(target, len(names), options.shards_per_task)
+    done_bytes = [sum(e["num_bytes"] for r in records.values() for e in r["entries"])]
+
+    def on_result(record: dict[str, Any]) -> None:
+        records[record["number"]] = record
+        done_bytes[0] += sum(entry["num_bytes"] for entry in record["entries"])
+        if progress is not None:
+            done = sum(len(r["entries"]) for r in records.values())
+            progress(done, done_bytes[0], len(names), None)
+
+    def tasks() -> Iterator[_Task]:
+        for number, first in enumerate(range(0, len(names), options.shards_per_task)):
+            if number not in records:
+                batch = tuple(names[first : first + options.shards_per_task])
+                yield _Task(number, first, batch, shards, target, options.checksum)
+
+    run_tasks(_index_task, tasks(), on_result, options.workers, executor)
+    _refuse_inexact(records, shards, target, options)
+    entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
+    root = None if in_place else absolute_root(shards)
+    manifest = Manifest(
+        shards=ShardTable.of(_info(entry) for entry in entries),
+        settings={
+            "indexed": True,
+            "checksum": options.checksum,
+            "source": shards.shown(),
+            "allow_extra_members": options.allow_extra_members,
+        },
+        created_by=f"shardstream {__version__} index",
+        shard_root=root,
+    )
+    if in_place:  # timm reads shard names relative to _info.json's folder
+        write_timm_info(target, manifest, split=options.split)
+    write_manifest(target, manifest)
+    target.child(STATE_FOLDER).remove_folder()
+    _log_compressed(entries, target)
+    return manifest
+
+
+def _prepare(
+    target: Store, shards: Store, names: list[str], options: IndexOptions, in_place: bool
+) -> None:
+    """Refuse a DEST that already holds a manifest; start or continue the recorded run."""
+    if target.exists(MANIFEST_NAME) and not options.overwrite:
+        raise DatasetExistsError(
+            f"{target.shown()}: already holds a manifest; pass overwrite=True (--overwrite) to "
+            "index the shards again"
+        )
+    plan = {"source": shards.shown(), "num_shards": len(names), "first": names[0],
+            "last": names[-1], "checksum": options.checksum,
+            "shards_per_task": options.shards_per_task}  # fmt: skip
+    state = target.child(STATE_FOLDER)
+    try:
+        found = json.loads(state.read_bytes(_PLAN))
+    except (FileNotFoundError, ValueError):
+        found = None
+    if found is not None and found != plan:
+        if not options.overwrite:
+            raise DatasetExistsError(
+                f"{target.shown()}: holds an unfinished index of other shards or settings; run "
+                "the same command again to finish it, or pass overwrite=True to start over"
+            )
+        state.remove_folder()
+    try:
+        state.makedirs()
+        with state.open_atomic_write(_PLAN) as stream:
+            stream.write(json.dumps(plan, sort_keys=True).encode("utf-8"))
+    except PermissionError as error:
+        hint = "give DEST, a folder or URL you can write" if in_place else "check DEST"
+        raise ConfigError(f"cannot write the index metadata to {target.shown()}: {hint}") from error
+
+
+def _load_records(target: Store, num_shards: int, per_task: int) -> dict[int, dict[str, Any]]:
+    """The batches a killed run finished (their records are written after their indexes)."""
+    state = target.child(STATE_FOLDER)
+    records: dict[int, dict[str, Any]] = {}
+    for name in state.list_names():
+        if name.startswith("task-") and name.endswith(".json"):
+            record = json.loads(state.read_bytes(name))
+            if record["first"] == record["number"] * per_task < num_shards:
+                records[int(record["number"])] = record
+    return records
+
+
+def _refuse_inexact(
+    records: dict[int, dict[str, Any]], shards: Store, target: Store, options: IndexOptions
+) -> None:
+    """Raise, listing them, on what would break exact epochs; forget the unreadable shards'
+    batches, so that a run after fixing them reads them again."""
+    entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
+    problems: list[str] = []
+    for entry in entries:
+        problems += entry["problems"]
+        if entry["skipped"] and not options.allow_extra_members:
+            problems.append(
+                f"{shards.shown(entry['name'])}: {entry['skipped']} file member(s) that belong to "
+                f"no sample (other readers may read them otherwise), such as "
+                f"{entry['skipped_example']!r}"
+            )
+    for before, after in itertools.pairwise(entries):
+        if before["last_key"] and before["last_key"] == after["first_key"]:
+            problems.append(
+                f"sample {before['last_key']!r} is split across {before['name']} and "
+                f"{after['name']}: readers would see two samples"
+            )
+    for number, record in records.items():
+        if any(entry["problems"] for entry in record["entries"]):
+            target.child(STATE_FOLDER).remove(f"task-{number:06d}.json")
+    if problems:
+        shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
+        hint = (
+            " Shards made with GNU tar keep a sample's files together with `tar --sort=name`."
+            if any("comes back" in problem for problem in problems)
+            else ""
+        )
+        raise SourceError(
+            f"{shards.shown()}: {len(problems)} problem(s) would break exact epochs:\n  {shown}\n"
+            "Fix or leave out those shards (or pass allow_extra_members=True when only "
+            f"members outside samples are listed), then run the same command again.{hint}"
+        )
+
+
+def _info(entry: dict[str, Any]) -> ShardInfo:
+    return ShardInfo(
+        entry["name"], entry["num_samples"], entry["num_bytes"], entry["sha256"], entry["index"]
+    )
+
+
+def _log_compressed(entries: list[dict[str, Any]], target: Store) -> None:
+    compressed = [entry["name"] for entry in entries if is_gzip_name(entry["name"])]
+    if compressed:
+        logger.warning(
+            "%s: %d gzipped shard(s) such as %s are counted but cannot be read by byte range "
+            "(each piece reads its shard from the start); re-pack them as plain .tar for "
+            "ranged reads and memory maps", target.shown(), len(compressed), compressed[0],
+        )  # fmt: skip

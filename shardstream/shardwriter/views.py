@@ -1,0 +1,148 @@
+"""Views: subsets and train/val splits of a dataset, without rewriting a byte of it.
+
+A view is a small manifest in its own folder: the source dataset's shards (where they are),
+how many samples of each the view keeps, and the rule that keeps them
+(:class:`~shardstream.format.selection.Selection`: a seeded fraction of the keys, a range of
+that draw for splits, or a list of keys). Everything that reads a dataset reads a view the same
+way: exact equal epochs, resume at any world size, mixtures, random access. Choosing costs one
+read of every shard's index (the key hashes), not of the shards.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardstream._version import __version__
+from shardstream.errors import ConfigError
+from shardstream.format.keys import key_hash
+from shardstream.format.manifest import Manifest, read_manifest, write_manifest
+from shardstream.format.roots import absolute_root, root_store
+from shardstream.format.selection import Selection
+from shardstream.format.shardindex import decode_index
+from shardstream.format.shardtable import ShardTable
+from shardstream.storage import Store
+
+__all__ = ["make_view", "split_dataset"]
+
+KEYS_NAME = "view.keys"
+_READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
+
+
+def make_view(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    *,
+    fraction: float | None = None,
+    keys: Iterable[str] | None = None,
+    bounds: tuple[float, float] | None = None,
+    seed: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write a view of ``source`` into ``dest``: exactly one of ``fraction``, ``keys``, ``bounds``.
+
+    Args:
+        source: A dataset folder or URL whose shards have indexes with key hashes (built by
+            shardstream, or indexed with ``shardstream index``).
+        dest: The view's folder (it holds only a manifest, and the key list for ``keys``).
+        fraction: Keep about this fraction of the samples, chosen by key with ``seed``.
+        keys: Keep the samples with these keys.
+        bounds: Keep the keys whose seeded draw lies in ``[low, high)`` (for splits).
+        seed: Seed of the draw: the same seed always keeps the same keys.
+        storage_options: fsspec options for remote URLs.
+
+    Example:
+        >>> view = make_view("shards/train", "shards/train-10pct", fraction=0.1)  # doctest: +SKIP
+        >>> view.num_samples  # doctest: +SKIP
+        128117
+    """
+    chosen = [fraction is not None, keys is not None, bounds is not None]
+    if sum(chosen) != 1:
+        raise ConfigError("a view takes exactly one of fraction, keys or bounds")
+    if fraction is not None:
+        selection = Selection.fraction(fraction, seed)
+    elif bounds is not None:
+        selection = Selection("range", seed, *bounds)
+    else:
+        selection = Selection.of_keys(np.fromiter(map(key_hash, keys or ()), np.int64))
+    origin = Store(source, storage_options)
+    manifest = read_manifest(origin)
+    if manifest.view is not None:
+        raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
+    counts = _kept_counts(origin, manifest, selection)
+    target = Store(dest, storage_options)
+    target.makedirs()
+    keys_file = None
+    if selection.kind == "keys" and selection.keys is not None:
+        keys_file = KEYS_NAME
+        with target.open_atomic_write(KEYS_NAME) as stream:
+            stream.write(selection.keys.astype("<i8").tobytes())
+    table = manifest.shards
+    view = Manifest(
+        shards=ShardTable(table.names, counts, table.num_bytes, table.sha256, table.indexes),
+        class_names=manifest.class_names,
+        settings={"view_of": origin.shown()},
+        created_by=f"shardstream {__version__} view",
+        shard_root=absolute_root(root_store(origin, manifest.shard_root)),
+        index_root=absolute_root(root_store(origin, manifest.index_root)),
+        view={"source": origin.shown(), "select": selection.as_dict(keys_file)},
+    )
+    write_manifest(target, view)
+    return view
+
+
+def split_dataset(
+    source: str | os.PathLike[str],
+    dest: str | os.PathLike[str],
+    splits: Mapping[str, float],
+    *,
+    seed: int = 0,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, Manifest]:
+    """A view per split in ``dest/<name>``, by key: every key in exactly one split.
+
+    Example:
+        >>> shares = {"train": 0.9, "val": 0.1}
+        >>> views = split_dataset("shards/all", "shards/split", shares)  # doctest: +SKIP
+    """
+    total = sum(splits.values())
+    if not splits or total <= 0 or any(share < 0 for share in splits.values()):
+        raise ConfigError(
+            f"splits need non-negative shares that add up to more than 0: {dict(splits)}"
+        )
+    low, views = 0.0, {}
+    for number, (name, share) in enumerate(splits.items()):
+        high = 1.0 if number == len(splits) - 1 else low + share / total
+        target = Store(dest, storage_options).url(name)
+        views[name] = make_view(
+            source, target, bounds=(low, high), seed=seed, storage_options=storage_options
+        )
+        low = high
+    return views
+
+
+def _kept_counts(origin: Store, manifest: Manifest, selection: Selection) -> np.ndarray:
+    """How many samples of each shard the selection keeps, from the shards' key hashes."""
+    indexes = root_store(origin, manifest.index_root)
+
+    def count(number: int) -> int:
+        shard = manifest.shards[number]
+        if shard.index is None:
+            raise ConfigError(
+                f"{shard.name}: has no index (a gzipped shard cannot be read by key); a view "
+                "needs every shard indexed"
+            )
+        index = decode_index(indexes.read_bytes(shard.index), indexes.shown(shard.index))
+        if index.key_hashes is None:
+            raise ConfigError(
+                f"{indexes.shown(shard.index)}: has no key hashes (an older build); run "
+                "`shardstream index --overwrite` on the dataset first"
+            )
+        return int(selection.keep(index.key_hashes).sum())
+
+    with cf.ThreadPoolExecutor(_READERS) as pool:
+        return np.fromiter(pool.map(count, range(len(manifest.shards))), np.int64)

@@ -1,0 +1,142 @@
+"""Random access to a dataset with a manifest: a sample by position or by key, one ranged read.
+
+Streaming reads shards front to back; evaluation, debugging and samplers people already have
+want sample ``i``, or the sample with key ``k``. A :class:`RandomAccessDataset` maps a position
+to its shard and ordinal with the manifest's counts, and reads exactly that sample's bytes with
+the shard's index: one ranged read on an object store (after the shard's index, read once and
+cached), one memory map locally. Looking a sample up by key uses the key hashes the indexes
+hold: the first lookup builds a sorted table of them (16 bytes per sample), later ones are a
+binary search. Views (:mod:`shardstream.shardwriter.views`) work alike, over their kept samples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+import torch.utils.data
+
+from shardstream.errors import ConfigError
+from shardstream.format.keys import key_hash
+from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.shardlist import Source, resolve_source
+from shardstream.streaming.worker.reader import ReadSettings, ShardReader
+
+__all__ = ["RandomAccessDataset"]
+
+
+class RandomAccessDataset(torch.utils.data.Dataset):
+    """A map-style dataset over shards with a manifest: ``ds[i]`` and ``ds.by_key(key)``.
+
+    Args:
+        source: A dataset folder or URL with a manifest (built, indexed, or a view).
+        decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` or ``f(bytes, ext)``, as for
+            :class:`~shardstream.streaming.StreamingDataset`.
+        transform: Applied to each decoded image.
+        options: ``output``, ``allow_pickle``, ``max_member_bytes``, ``memory_map``, and
+            ``storage_options``/``read_options`` for remote datasets.
+
+    Example:
+        >>> ds = RandomAccessDataset("s3://bucket/val", decode="pil",
+        ...                          options=StreamOptions(output="dict"))  # doctest: +SKIP
+        >>> ds[12345]["__key__"], ds.by_key("n01440764_10026")["label"]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        transform: Callable[[Any], Any] | None = None,
+        options: StreamOptions | None = None,
+    ) -> None:
+        self.options = options or StreamOptions()
+        _, self.shards, manifest = resolve_source(
+            source, self.options.storage_options, self.options.read_options
+        )
+        if manifest is None:
+            raise ConfigError(
+                f"{source!r} has no manifest, so positions are unknown; run `shardstream "
+                "index` on the shards first"
+            )
+        self._starts = np.zeros(len(self.shards) + 1, dtype=np.int64)
+        np.cumsum(self.shards.counts(), out=self._starts[1:])
+        self.convert = SampleConverter(
+            decode, transform, self.options.output, self.options.allow_pickle
+        )
+        self._reader: tuple[int, ShardReader] | None = None
+        self._keys: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def reader(self) -> ShardReader:
+        """This process's shard reader (DataLoader workers each make their own)."""
+        if self._reader is None or self._reader[0] != os.getpid():
+            options = self.options
+            settings = ReadSettings(options.max_member_bytes, options.memory_map)
+            self._reader = (os.getpid(), ShardReader(self.shards, settings))
+        return self._reader[1]
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """``(shard number, sample within it)`` of a position (negative counts from the end)."""
+        size = len(self)
+        if not -size <= position < size:
+            raise IndexError(f"position {position} of a dataset of {size} samples")
+        position %= size
+        shard = int(np.searchsorted(self._starts, position, side="right")) - 1
+        return shard, position - int(self._starts[shard])
+
+    def raw(self, position: int) -> dict[str, Any]:
+        """The sample at ``position`` as read: ``__key__``, ``__url__`` and member bytes."""
+        shard, ordinal = self.locate(position)
+        sample = next(iter(self.reader().open(shard, ordinal, ordinal + 1)))
+        return {
+            k: bytes(v) if isinstance(v, (memoryview, bytearray)) else v for k, v in sample.items()
+        }
+
+    def __getitem__(self, position: int) -> Any:
+        return self.convert(self.raw(position))
+
+    def index_of(self, key: str) -> int:
+        """The position of the sample with ``key``.
+
+        Raises:
+            KeyError: No sample has that key.
+        """
+        hashes, positions = self._key_table()
+        wanted = key_hash(key)
+        first = int(np.searchsorted(hashes, wanted, side="left"))
+        last = int(np.searchsorted(hashes, wanted, side="right"))
+        for position in positions[first:last].tolist():  # equal hashes: compare the keys
+            if self.raw(position)["__key__"] == key:
+                return int(position)
+        raise KeyError(key)
+
+    def by_key(self, key: str) -> Any:
+        """The sample with ``key``, converted as ``ds[i]`` is."""
+        return self[self.index_of(key)]
+
+    def _key_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every sample's key hash, sorted, with its position (built once, from the indexes)."""
+        if self._keys is None:
+            reader = self.reader()
+            hashes = np.empty(len(self), dtype=np.int64)
+            for shard in range(len(self.shards)):
+                index = reader.index(shard)
+                if index is None or index.key_hashes is None:
+                    name = self.shards.spec(shard).name
+                    raise ConfigError(
+                        f"{name}: its index has no key hashes (an older build, or a gzipped "
+                        "shard); run `shardstream index --overwrite` on the dataset to look "
+                        "samples up by key"
+                    )
+                kept = reader.kept(shard)
+                keys = index.key_hashes if kept is None else index.key_hashes[kept]
+                hashes[int(self._starts[shard]) : int(self._starts[shard + 1])] = keys
+            order = np.argsort(hashes, kind="stable")
+            self._keys = (hashes[order], order.astype(np.int64))
+        return cast(tuple[np.ndarray, np.ndarray], self._keys)
