@@ -46,6 +46,7 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 LABELS = {
     "shardstream-fastjpeg": "shardstream[fastjpeg]",
     "shardstream-read": "shardstream, memory_map=False",
+    "shardstream-stats": "shardstream, stats=True",
     "dali": "DALI CPU",
 }
 
@@ -100,7 +101,9 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         decode="raw" if mode == "raw" else "pil",
         transform=transform,
         batch_size=BATCH,
-        options=StreamOptions(memory_map=row != "shardstream-read"),
+        options=StreamOptions(
+            memory_map=row != "shardstream-read", stats=row == "shardstream-stats"
+        ),
     )
     del torch
     return DataLoader(ds, batch_size=None, num_workers=workers)
@@ -112,12 +115,16 @@ def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
         return run_limit(mode, paths)
     if row == "dali":
         return run_dali(workers, paths)
-    if row == "shardstream":  # the default install: no crop-window decode (forked workers too)
+    if row in ("shardstream", "shardstream-stats"):  # the default install: no crop decode
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     memory = PeakRss()
     cpu = cpu_seconds()
     start = time.perf_counter()
     loader = make_loader(row, mode, workers, paths)
+    if row == "shardstream-stats":  # the training loop's side of the statistics too
+        from shardstream.streaming.stats import LoaderStats
+
+        loader = LoaderStats(loader.dataset).watch(loader)
     first, count = None, 0
     for batch in loader:
         if first is None:
@@ -306,7 +313,7 @@ def rows_for(mode: str, paths: dict) -> list[str]:
         rows.append("dali")
     rows.append("shardstream")
     if mode == "raw":
-        rows.append("shardstream-read")
+        rows += ["shardstream-read", "shardstream-stats"]
     if mode == "train" and has_nvimgcodec():
         rows.append("shardstream-fastjpeg")
     return rows

@@ -171,3 +171,17 @@ def test_index_view_and_merge_commands(image_folder, tmp_path, capsys):
     write_partition(samples[4:], tmp_path / "parts", 1)
     assert main(["merge", str(tmp_path / "parts"), "--partitions", "2"]) == 0
     assert "merged 2 partitions, 2 shards, 9 samples" in capsys.readouterr().out
+
+
+def test_inspect_shows_spread_files_and_class_balance(tmp_path, capsys):
+    from shardstream import build_shards
+    from tests.streaming.shards import make_samples
+
+    build_shards(make_samples(30, num_classes=3), tmp_path / "ds", max_samples_per_shard=8)
+    assert main(["inspect", str(tmp_path / "ds"), "--classes", "99"]) == 0
+    out = capsys.readouterr().out
+    assert "per shard: samples min 6 / median 8 / max 8" in out
+    assert "_info.json: timm" in out and "indexed:  4 of 4 shards" in out
+    assert "3 labels in 4 of 4 shards: samples per class min 10 / median 10 / max 10" in out
+    assert main(["inspect", str(tmp_path / "ds"), "--classes", "2"]) == 0
+    assert "in 2 of 4 shards (estimate)" in capsys.readouterr().out

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardstream.cli.bench import add_bench
 from shardstream.cli.build import add_build
 from shardstream.cli.common import parse_size, parse_storage_option, storage_options
 from shardstream.cli.index import add_index
@@ -28,7 +29,7 @@ from shardstream.storage.diagnose import explain
 __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
-    add_build, add_inspect, add_verify, add_index, add_view, add_merge,
+    add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench,
 ]  # fmt: skip
 
 

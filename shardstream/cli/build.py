@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 
 from shardstream.cli.common import (
-    add_storage_options,
+    add_common,
     human,
     parse_size,
-    progress_bar,
+    progress_updates,
     shown,
     storage_options,
 )
@@ -66,9 +66,7 @@ def add_build(subparsers: Any) -> None:
         help="stop at a corrupt file, or skip it and list it in the manifest (default: raise)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_storage_options(parser)
-    parser.set_defaults(handler=_run_build)
+    add_common(parser, _run_build)
 
 
 def _run_build(args: argparse.Namespace) -> int:
@@ -85,18 +83,11 @@ def _run_build(args: argparse.Namespace) -> int:
         on_error=args.on_error,
         overwrite=args.overwrite,
     )
-    bar = progress_bar(args.quiet)
-    try:
+    with progress_updates(args.quiet) as update:
         manifest = build_shards(
-            args.source,
-            args.dest,
-            options,
-            storage_options=storage_options(args),
-            progress=bar.update if bar else None,
-        )
-    finally:
-        if bar:
-            bar.close()
+            args.source, args.dest, options, storage_options=storage_options(args),
+            progress=update,
+        )  # fmt: skip
     print(
         f"{shown(args)}: {manifest.num_samples} samples in {len(manifest.shards)} shards, "
         f"{human(manifest.num_bytes)}; {len(manifest.skipped)} skipped"

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardstream.storage import redact_text, redact_url, secret_values
@@ -126,3 +128,24 @@ class Bar:
 def progress_bar(quiet: bool, unit: str = "files") -> Bar | None:
     """A progress bar on a terminal's stderr, unless ``quiet``."""
     return None if quiet or not sys.stderr.isatty() else Bar(unit)
+
+
+@contextlib.contextmanager
+def progress_updates(
+    quiet: bool, unit: str = "files"
+) -> Iterator[Callable[[int, int, int | None, int | None], None] | None]:
+    """A progress bar's ``update`` for the block (None when quiet or not a terminal), closed
+    after it, also on errors."""
+    bar = progress_bar(quiet, unit)
+    try:
+        yield bar.update if bar else None
+    finally:
+        if bar:
+            bar.close()
+
+
+def add_common(parser: argparse.ArgumentParser, handler: Callable[[Any], int]) -> None:
+    """The options every command that reads or writes storage takes, and its handler."""
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_storage_options(parser)
+    parser.set_defaults(handler=handler)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, human, progress_bar, storage_options
+from shardstream.cli.common import add_common, human, progress_updates, storage_options
 
 __all__ = ["add_index"]
 
@@ -31,9 +31,7 @@ def add_index(subparsers: Any) -> None:
         help="accept members that belong to no sample (every reader skips them)",
     )  # fmt: skip
     parser.add_argument("--overwrite", action="store_true", help="index again over a manifest")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_storage_options(parser)
-    parser.set_defaults(handler=_run_index)
+    add_common(parser, _run_index)
 
 
 def _run_index(args: argparse.Namespace) -> int:
@@ -43,15 +41,11 @@ def _run_index(args: argparse.Namespace) -> int:
         workers=args.workers, checksum=not args.no_checksum,
         allow_extra_members=args.allow_extra_members, overwrite=args.overwrite,
     )  # fmt: skip
-    bar = progress_bar(args.quiet, unit="shards")
-    try:
+    with progress_updates(args.quiet, unit="shards") as update:
         manifest = index_shards(
             args.source, args.dest, options, storage_options=storage_options(args),
-            progress=bar.update if bar else None,
+            progress=update,
         )  # fmt: skip
-    finally:
-        if bar:
-            bar.close()
     where = args.dest or args.source
     print(
         f"{where}: indexed {len(manifest.shards)} shards, {manifest.num_samples} samples, "

@@ -17,6 +17,10 @@ def add_inspect(subparsers: Any) -> None:
     parser = subparsers.add_parser("inspect", help="summarize a dataset's manifest")
     parser.add_argument("dest")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    parser.add_argument(
+        "--classes", type=int, default=0, metavar="N",
+        help="count samples per class in N shards spread over the dataset (reads them)",
+    )  # fmt: skip
     add_storage_options(parser)
     parser.set_defaults(handler=_run_inspect)
 
@@ -24,7 +28,8 @@ def add_inspect(subparsers: Any) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from shardstream.format.manifest import read_manifest
 
-    manifest = read_manifest(Store(args.dest, storage_options(args)))
+    store = Store(args.dest, storage_options(args))
+    manifest = read_manifest(store)
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
@@ -43,6 +48,41 @@ def _run_inspect(args: argparse.Namespace) -> int:
         f"skipped:  {len(manifest.skipped)}",
         f"created:  {manifest.created_by} (format {manifest.format_version})",
         "settings: " + json.dumps(dict(manifest.settings), sort_keys=True),
+        *_details(store, manifest, args.classes),
     ]
     print("\n".join(lines))
     return 0
+
+
+def _details(store: Store, manifest: Any, classes: int) -> list[str]:
+    """Per-shard spread, files other tools read, and (with ``--classes``) class balance."""
+    from shardstream.format.inspection import class_balance, companion_files, shard_spread
+
+    spread = shard_spread(manifest)
+    samples, sizes = spread["samples"], spread["bytes"]
+    lines = [
+        f"per shard: samples min {samples['min']:.0f} / median {samples['median']:.0f} / max "
+        f"{samples['max']:.0f}; bytes min {human(sizes['min'])} / median "
+        f"{human(sizes['median'])} / max {human(sizes['max'])}",
+        f"indexed:  {sum(1 for shard in manifest.shards if shard.index)} of "
+        f"{len(manifest.shards)} shards (ranged reads, memory maps, random access)",
+    ]
+    files = companion_files(store)
+    lines += [f"files:    {name}: {reader}" for name, reader in files.items()] or [
+        "files:    no _info.json (timm), README.md or dataset_info.json (Hugging Face)"
+    ]
+    if classes > 0 and len(manifest.shards):
+        balance = class_balance(store, manifest, classes)
+        counts = balance["counts"]
+        estimate = "" if balance["shards_read"] == balance["shards"] else " (estimate)"
+        where = f"{balance['shards_read']} of {balance['shards']} shards"
+        if counts:
+            values = sorted(counts.values())
+            lines.append(
+                f"classes:  {len(counts)} labels in {where}{estimate}: samples per class min "
+                f"{values[0]} / median {values[len(values) // 2]} / max {values[-1]}; "
+                f"{balance['unlabelled']} unlabelled"
+            )
+        else:
+            lines.append(f"classes:  no .cls labels in {where}")
+    return lines

@@ -33,6 +33,7 @@ from shardstream.streaming.worker import batch as batching
 from shardstream.streaming.worker.channel import EpochChannel
 from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
 from shardstream.streaming.worker.reader import ShardReader
+from shardstream.streaming.worker.stageclock import StageClock, StatsBoard
 from shardstream.streaming.worker.uncounted import run_whole_shards
 
 __all__ = ["StreamOptions", "StreamingDataset"]
@@ -110,6 +111,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             batch_size is not None,
         )  # fmt: skip
         self.channel = EpochChannel()
+        self.stats_board = StatsBoard() if self.options.stats else None
         self.passes = PassCache(self.shards, self.mixture, self.settings.plan)
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
         self._running: WorkerPass | None = None  # the pass under way in this process
@@ -230,7 +232,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts,
             buffers=self.options.batch_buffers,
         )
-        batcher = Batcher(self.convert, self.batch_size, collate, self.settings.on_error)
+        clock = None
+        if self.stats_board is not None:
+            in_worker = torch.utils.data.get_worker_info() is not None
+            clock = StageClock(self.stats_board.row(context.worker if in_worker else None))
+        self.convert.clock = clock
+        batcher = Batcher(self.convert, self.batch_size, collate, self.settings.on_error, clock)
         if running.plan is None:  # no manifest: whole shards
             whole = plan_whole_shards(
                 len(self.shards), self.settings.seed, self.settings.shuffle, running.state.epoch,

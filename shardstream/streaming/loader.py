@@ -20,6 +20,7 @@ from shardstream.streaming.resumestate import (
     check_version,
     layout_from_dict,
 )
+from shardstream.streaming.stats import LoaderStats
 
 __all__ = ["StreamingDataLoader"]
 
@@ -63,6 +64,9 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         self._state: PassState | None = None  # None: take the dataset's epoch at the first pass
         self._finished = False
         self._pins_seen = dataset.channel.pin_count
+        self._stats = None
+        if dataset.stats_board is not None:
+            self._stats = LoaderStats(dataset, dataset.options.stats_interval_s)
 
     def _physical(self) -> Layout:
         return self.dataset.layout(self.num_workers)
@@ -109,11 +113,25 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
         self._start_pass()
-        for item in super().__iter__():
+        batches: Iterator[Any] = super().__iter__()
+        if self._stats is not None:
+            batches = self._stats.watch(batches)
+        for item in batches:
             if self._state is not None:
                 self._state = dataclasses.replace(self._state, consumed=self._state.consumed + 1)
             yield item
         self._finished = True
+
+    def stats(self) -> dict[str, Any]:
+        """Loader statistics as a plain dict (``StreamOptions(stats=True)``; see
+        :mod:`shardstream.streaming.stats`): samples/s, data stall, worker stage times.
+
+        Raises:
+            ConfigError: Statistics are off.
+        """
+        if self._stats is None:
+            raise ConfigError("statistics are off: make the dataset with StreamOptions(stats=True)")
+        return self._stats.snapshot()
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version", "epoch", "history", "plan", "consumed_batches", layout, "fingerprint"}``.

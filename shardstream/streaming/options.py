@@ -55,6 +55,11 @@ class StreamOptions:
             batch, as PyTorch does; more helps only when batches are held longer.
         storage_options: fsspec options for remote URLs (a mixture's streams inherit them).
         read_options: Retries, read-ahead and cache for remote reads.
+        stats: Count where the loader's time goes (storage, decode, transform, collate per
+            worker; the training loop's waits): ``StreamingDataLoader.stats()``, see
+            :mod:`shardstream.streaming.stats`. Off by default.
+        stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
+            often (from ``StreamingDataLoader``); None logs nothing.
 
     Example:
         >>> StreamOptions(num_open=32).piece_size
@@ -76,3 +81,5 @@ class StreamOptions:
     batch_buffers: int = 6
     storage_options: Mapping[str, Any] | None = None
     read_options: ReadOptions | None = None
+    stats: bool = False
+    stats_interval_s: float | None = None

@@ -8,6 +8,7 @@ fast path (:mod:`~shardstream.streaming.decoding.fastcrop`) for ``RandomResizedC
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -143,16 +144,26 @@ class SampleConverter:
         self._crop_decoder = (
             crop_decoder_for(transform, decode) if isinstance(decode, str) else None
         )
+        #: Loader statistics: an object with ``decode_s`` and ``transform_s`` float attributes
+        #: to add to, set per reading process; None when statistics are off.
+        self.clock: Any = None
 
     def __call__(self, sample: dict[str, Any]) -> Any:
         decode = self._crop_decoder or self.decode  # the crop decoder also transforms
+        clock = self.clock
+        started = time.perf_counter() if clock is not None else 0.0
         image, label, fields = split_sample(sample, decode, self._min_side, self.allow_pickle)
         if isinstance(image, (bytearray, memoryview)) and not (
             self.batched and self.transform is None
         ):
             image = bytes(image)  # raw images leave as bytes, except into a batch (packed)
+        if clock is not None:
+            decoded = time.perf_counter()
+            clock.decode_s += decoded - started
         if self.transform is not None and image is not None and self._crop_decoder is None:
             image = self.transform(image)
+            if clock is not None:
+                clock.transform_s += time.perf_counter() - decoded
         if self.output == "pair":
             return image, label
         return {**fields, "image": image, "label": label}

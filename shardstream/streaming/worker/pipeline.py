@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from shardstream.streaming.planning.schedule import PassPlan, steps_of_worker
 from shardstream.streaming.planning.windows import StreamId
 from shardstream.streaming.worker.cursor import StreamCursor
 from shardstream.streaming.worker.reader import ShardReader, WorkerStats
+from shardstream.streaming.worker.stageclock import StageClock
 
 __all__ = ["Batcher", "StepJob", "run_steps"]
 
@@ -39,6 +41,7 @@ class Batcher:
     batch_size: int | None
     collate: Callable[[Sequence[Any]], Any]
     on_error: str = "raise"
+    clock: StageClock | None = None
 
     def finish(self, samples: Sequence[Any], stats: WorkerStats) -> list[Any]:
         """What to hand out for these samples: ``[batch]``, or the samples themselves.
@@ -46,12 +49,22 @@ class Batcher:
         Skipped samples (``None``) leave a batch shorter rather than shifting later batches,
         so every rank keeps the same number of batches.
         """
+        clock = self.clock
+        skipped = stats.skipped
         converted = [self._convert(sample, stats) for sample in samples]
         kept = [value for value in converted if value is not None]
+        if clock is not None:
+            clock.samples += len(kept)
+            clock.skipped += stats.skipped - skipped
         if self.batch_size is None:
             return kept
         if kept:
-            return [self.collate(kept)]
+            if clock is None:
+                return [self.collate(kept)]
+            start = time.perf_counter()
+            batch = self.collate(kept)
+            clock.collate_s += time.perf_counter() - start
+            return [batch]
         raise DecodeError(
             f"all {len(samples)} samples of one batch failed to load (see the log); an empty "
             "batch cannot be collated. Check the shards with `shardstream verify`."
@@ -97,8 +110,10 @@ def run_steps(
     """
     plan = job.plan
     cursors: dict[tuple[int, int], StreamCursor] = {}
+    clock = batcher.clock
     try:
         for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
+            started, before = time.perf_counter(), stats.bytes_read
             samples: list[Any] = []
             for read in reads:
                 cursor = cursors.get((read.rank, read.phase))
@@ -106,8 +121,14 @@ def run_steps(
                     stream = StreamId(plan.epoch, plan.pass_index, read.rank, read.phase)
                     cursor = cursors[(read.rank, read.phase)] = StreamCursor(plan, stream, reader)
                 samples.extend(cursor.read(read.start, read.stop))
+            if clock is not None:
+                clock.read_s += time.perf_counter() - started
+                clock.bytes += stats.bytes_read - before
             out = batcher.finish(samples, stats)
             stats.batches += 1
+            if clock is not None:
+                clock.batches += 1
+                clock.publish()
             yield from out
     finally:
         for cursor in cursors.values():

@@ -52,6 +52,7 @@ class WorkerStats:
 
     skipped: int = 0
     batches: int = 0
+    bytes_read: int = 0  # of indexed ranges (whole samples), counted per range
 
 
 class ShardReader:
@@ -121,6 +122,9 @@ class ShardReader:
         self, spec: ShardSpec, first: int, stop: int | None, offsets: Sequence[int] | None
     ) -> Iterator[Any]:
         settings = self.settings
+        if offsets is not None:
+            end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
+            self.stats.bytes_read += int(offsets[end]) - int(offsets[min(first, end)])
         return read_piece(
             self._pools[spec.store], spec.name, first, stop, self._walked, offsets,
             settings.max_member_bytes, settings.memory_map,

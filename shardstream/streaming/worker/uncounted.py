@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,10 +43,21 @@ def run_whole_shards(
     size = batcher.batch_size or 1
     if plan.skip_items:  # read and dropped, not decoded
         samples = itertools.islice(samples, plan.skip_items * size, None)
+    clock = batcher.clock
     try:
-        while chunk := list(itertools.islice(samples, size)):
+        while True:
+            started, before = time.perf_counter(), stats.bytes_read
+            chunk = list(itertools.islice(samples, size))
+            if not chunk:
+                break
+            if clock is not None:  # reading includes the interleave and the shuffle buffer
+                clock.read_s += time.perf_counter() - started
+                clock.bytes += stats.bytes_read - before
             out = batcher.finish(chunk, stats)
             stats.batches += 1
+            if clock is not None:
+                clock.batches += 1
+                clock.publish()
             yield from out
     finally:
         reader.close()

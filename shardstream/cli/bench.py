@@ -1,0 +1,50 @@
+"""``shardstream bench``: throughput and where the time goes, on your own data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from shardstream.cli.common import add_common, progress_updates, storage_options
+
+__all__ = ["add_bench"]
+
+
+def add_bench(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="run the loader on a dataset and show where the time goes"
+    )
+    parser.add_argument("dataset", help="dataset folder or URL, shard pattern, or .txt list")
+    parser.add_argument("--workers", type=int, default=2, metavar="N", help="DataLoader workers")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N")
+    parser.add_argument(
+        "--mode", choices=("train", "raw"), default="train",
+        help="train: decode + RandomResizedCrop 224 + flip + normalize; raw: bytes only",
+    )  # fmt: skip
+    parser.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N")
+    parser.add_argument("--seconds", type=float, default=30.0, help="stop after about S s")
+    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    add_common(parser, _run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from shardstream.streaming.bench import BenchOptions, format_report, run_bench
+    from shardstream.streaming.options import StreamOptions
+
+    options = BenchOptions(
+        workers=args.workers, batch_size=args.batch_size, mode=args.mode,
+        batches=args.batches, seconds=args.seconds,
+    )  # fmt: skip
+    stream = StreamOptions(storage_options=storage_options(args))
+    with progress_updates(args.quiet or args.json, unit="batches") as update:
+        summary = run_bench(
+            args.dataset, options, stream_options=stream,
+            progress=(lambda done: update(done, 0, options.batches, None)) if update else None,
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}")
+        print(format_report(summary))
+    return 0
