@@ -320,10 +320,11 @@ def print_manifests(root: Path, args: argparse.Namespace) -> None:
     huge_root = args.data / f"huge-{args.huge}"
     huge_root.mkdir(parents=True, exist_ok=True)
     huge = run_code(HUGE_CODE, huge_root, args.huge)
-    table = (root / "manifest.shards").stat().st_size
+    sidecar = root / "manifest.shards"  # only above 10,000 shards: else inline JSON
+    table = (sidecar if sidecar.exists() else root / "manifest.json").stat().st_size
     print("\n| manifest | seconds | memory |\n|---|---:|---|")
     print(
-        f"| read {manifest['shards']:,} shards (table {table / 2**20:.0f} MB) | "
+        f"| read {manifest['shards']:,} shards (table {table / 2**20:.1f} MB) | "
         f"{manifest['read_s']:.2f} | RSS {manifest['rss_mb']:.0f} MB (after write too) |"
     )
     print(f"| write {manifest['shards']:,} shards | {manifest['write_s']:.2f} | |")

@@ -64,7 +64,7 @@ def _details(store: Store, manifest: Any, classes: int) -> list[str]:
         f"per shard: samples min {samples['min']:.0f} / median {samples['median']:.0f} / max "
         f"{samples['max']:.0f}; bytes min {human(sizes['min'])} / median "
         f"{human(sizes['median'])} / max {human(sizes['max'])}",
-        f"indexed:  {sum(1 for shard in manifest.shards if shard.index)} of "
+        f"indexed:  {manifest.shards.num_indexed} of "
         f"{len(manifest.shards)} shards (ranged reads, memory maps, random access)",
     ]
     files = companion_files(store)

@@ -93,5 +93,4 @@ def _label(raw: Any) -> int | None:
 
 def companion_files(dataset: Store) -> dict[str, str]:
     """The files of :data:`COMPANIONS` that ``dataset`` holds, with who reads them."""
-    present = set(dataset.list_names())
-    return {name: reader for name, reader in COMPANIONS.items() if name in present}
+    return {name: reader for name, reader in COMPANIONS.items() if dataset.exists(name)}

@@ -187,6 +187,16 @@ class ShardTable(collections.abc.Sequence[ShardInfo]):
         """Bytes over all shards."""
         return int(self.num_bytes.sum())
 
+    @property
+    def num_indexed(self) -> int:
+        """Shards that have an index (from the column, without a per-shard loop)."""
+        column = self.indexes
+        if column is None:
+            return 0
+        if column.template is not None or column.offsets is None:
+            return len(column)
+        return int(np.count_nonzero(np.diff(np.asarray(column.offsets))))
+
     def __len__(self) -> int:
         return len(self.names)
 

@@ -93,3 +93,14 @@ def test_writing_a_table_refuses_a_shard_listed_twice(
     shards = [ShardInfo("a.tar", 1, 1, None), ShardInfo("a.tar", 1, 1, None)]
     with pytest.raises(ManifestError, match="twice"):
         write_manifest(tmp_path, Manifest(shards=shards))
+
+
+def test_indexed_shards_are_counted_from_the_column() -> None:
+    from shardstream.format.shardtable import ShardInfo, ShardTable
+
+    mixed = [ShardInfo("a.tar", 1, 10, None, "a.idx"), ShardInfo("b.tar.gz", 1, 10, None),
+             ShardInfo("c.tar", 1, 10, None, "c.idx")]  # fmt: skip
+    assert ShardTable.of(mixed).num_indexed == 2
+    counted = [ShardInfo(f"shard-{i:06d}.tar", 1, 10, None, f"shard-{i:06d}.idx") for i in range(5)]
+    assert ShardTable.of(counted).num_indexed == 5
+    assert ShardTable.of([ShardInfo("x.tar.gz", 1, 10, None)]).num_indexed == 0
