@@ -102,7 +102,8 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         transform=transform,
         batch_size=BATCH,
         options=StreamOptions(
-            memory_map=row != "shardstream-read", stats=row == "shardstream-stats"
+            memory_map=row != "shardstream-read",
+            **({"stats": True} if row == "shardstream-stats" else {}),  # older releases: no stats
         ),
     )
     del torch
@@ -248,7 +249,7 @@ def _spawn_once(task: dict) -> dict:
 
 def is_current(dest: Path) -> bool:
     """True when ``dest`` holds shards in the current format (every shard has its .idx index)."""
-    from shardstream.format.manifest import read_manifest
+    from shardstream import read_manifest
 
     if not (dest / "manifest.json").exists():
         return False

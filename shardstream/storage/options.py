@@ -25,7 +25,14 @@ class ReadOptions:
         max_backoff_s: Longest delay between two tries.
         timeout_s: A read that makes no progress for this long counts as failed (stalls).
         read_ahead_bytes: Bytes fetched ahead of the reader in a background thread (remote
-            URLs only); 0 turns read-ahead off. Memory per open stream is bounded by this.
+            URLs only); 0 turns read-ahead off. Memory per open stream is bounded by this
+            (plus one GET of ``read_ahead_bytes / 4``, at most 8 MiB).
+        max_requests: Background GETs in flight at once per process (S3), shared by all
+            open streams: the rest of each piece is fetched while the caller decodes. Raise it
+            for high-latency stores (each GET waits for a first byte before data flows).
+        prefetch_bytes: Bytes of announced pieces (the streaming reader announces the pieces
+            it will open next) fetched before they are opened, per process (S3); 0 turns
+            announcements off. Memory held ahead of the reader is bounded by this.
         cache_dir: Local folder that keeps whole remote shards for later epochs, or ``None``.
         cache_max_bytes: Size limit of ``cache_dir``; least recently used shards are evicted.
 
@@ -39,5 +46,7 @@ class ReadOptions:
     max_backoff_s: float = 10.0
     timeout_s: float = 60.0
     read_ahead_bytes: int = 32 * 2**20
+    max_requests: int = 4
+    prefetch_bytes: int = 64 * 2**20
     cache_dir: str | None = None
     cache_max_bytes: int | None = None

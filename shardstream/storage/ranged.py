@@ -23,6 +23,7 @@ from shardstream.storage.retry import Retrier, ShortReadError
 
 __all__ = [
     "BoundedFile",
+    "Chunk",
     "ChunkFetcher",
     "ChunkSource",
     "RangeBody",
@@ -33,16 +34,17 @@ __all__ = [
 logger = logging.getLogger("shardstream.storage")
 
 #: A forward seek up to this far reads and drops the bytes in between (cheaper than a new
-#: request's first-byte latency); a longer one starts a new ranged request at the target.
-#: Kept short: responses are read whole and their connections reused, so a new request costs
-#: a round trip, while reading on can pull in and drop several chunks.
+#: request's first-byte latency); a longer one starts a new ranged request at the target. Kept
+#: short: responses are read whole and connections reused, so a new request costs a round trip.
 _SKIP_BY_READING_BYTES = 2**20
+#: What sources hand out: ``bytes``, or a ``bytearray`` filled in place (no extra copy).
+Chunk = bytes | bytearray
 
 
 class RangeBody(Protocol):
     """An open response body: ``read_chunk(n)`` returns up to ``n`` bytes, ``b""`` at its end."""
 
-    def read_chunk(self, num_bytes: int) -> bytes: ...
+    def read_chunk(self, num_bytes: int) -> Chunk: ...
     def close(self) -> None: ...
 
 
@@ -59,7 +61,7 @@ class RangeSource(Protocol):
 class ChunkSource(Protocol):
     """Anything that yields an object's bytes in order: ``next_chunk()`` is ``None`` at EOF."""
 
-    def next_chunk(self) -> bytes | None: ...
+    def next_chunk(self) -> Chunk | None: ...
     def seek(self, offset: int) -> None: ...
     def close(self) -> None: ...
 
@@ -126,7 +128,7 @@ class ChunkFetcher:
         self.next_span_bytes = min(self.max_span_bytes, doubled)
         return body
 
-    def next_chunk(self) -> bytes | None:
+    def next_chunk(self) -> Chunk | None:
         """The next chunk of the object, or ``None`` at its end (or once stopped)."""
         while self.size is None or self.offset < self.size:
             if self.retrier.stop.is_set():
@@ -180,7 +182,7 @@ class RemoteStream(io.RawIOBase):
     """
 
     def __init__(
-        self, chunks: ChunkSource, url: str, size: int, start: int = 0, head: bytes = b""
+        self, chunks: ChunkSource, url: str, size: int, start: int = 0, head: Chunk = b""
     ) -> None:
         super().__init__()
         self._chunks, self.url, self.size = chunks, url, size

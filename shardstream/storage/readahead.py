@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from shardstream.storage.ranged import ChunkSource
+from shardstream.storage.ranged import Chunk, ChunkSource
 
 __all__ = ["ReadAhead"]
 
@@ -30,7 +30,7 @@ class ReadAhead:
     ) -> None:
         self._source, self._max_bytes, self._chunk_bytes = source, max_bytes, chunk_bytes
         self._stop = stop
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self._chunks: collections.deque[Chunk] = collections.deque()
         self.buffered_bytes = 0
         self.window_bytes = min(max_bytes, chunk_bytes)
         self._done = False
@@ -67,7 +67,7 @@ class ReadAhead:
                 self._done = True
                 self._cond.notify_all()
 
-    def next_chunk(self) -> bytes | None:
+    def next_chunk(self) -> Chunk | None:
         """The next chunk (blocking until fetched), or ``None`` at the end of the object."""
         if not self._fetched_first and self._thread is None and not self._stop.is_set():
             self._fetched_first = True

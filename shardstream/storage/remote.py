@@ -4,34 +4,44 @@
 asks for the object's size and ETag (HEAD), downloads a missing object into the cache and opens
 the local file. Otherwise it streams the wanted byte range through a
 :class:`~shardstream.storage.ranged.ChunkFetcher` (retries, resume at the byte offset reached) and
-prefetches in a background thread, never past the end of the range. On S3 that stream makes no
-HEAD: the first ranged GET's ``Content-Range`` and ``ETag`` give the size and version, and later
-GETs carry ``If-Match`` on that ETag so a rewritten object is never mixed with the old one.
+prefetches, never past the end of the range. On S3 that stream makes no HEAD: the first ranged
+GET's ``Content-Range`` and ``ETag`` give the size and version, and later GETs carry ``If-Match``
+on that ETag so a rewritten object is never mixed with the old one.
 
-On S3 this module calls aiobotocore directly (through s3fs's session, so credentials and
-endpoints come from the usual places) and turns botocore's own retries off: the retry loop
-here is the only one, which keeps the total budget equal to ``ReadOptions.max_attempts``.
-Nothing here is created before it is first used in a process, so DataLoader workers that fork
-after the dataset was built get sessions and threads of their own.
+A bounded range on S3 (a piece of a shard) opens with one short GET, and the rest is fetched as
+spans by the process's shared pool of ``ReadOptions.max_requests`` threads
+(:mod:`shardstream.storage.prefetch`), so several GETs are in flight while the caller decodes and
+opens other pieces. Open-ended reads prefetch in one background thread
+(:class:`~shardstream.storage.readahead.ReadAhead`).
+
+On S3 the requests go out on botocore's synchronous client (:mod:`shardstream.storage.s3sync`,
+built from the s3fs filesystem's settings) or, for filesystems it cannot mirror, on s3fs's
+aiobotocore client; botocore's own retries are off either way: the retry loop here is the only
+one, which keeps the total budget equal to ``ReadOptions.max_attempts``. Nothing here is created
+before it is first used in a process, so DataLoader workers that fork after the dataset was
+built get clients and threads of their own.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any, cast
 
 import fsspec
-from fsspec.asyn import sync
 
+from shardstream.storage import hints
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.options import ReadOptions
+from shardstream.storage.prefetch import SpanPrefetcher, shared_pool
 from shardstream.storage.ranged import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
 from shardstream.storage.readahead import ReadAhead
-from shardstream.storage.retry import Retrier, client_error_code
+from shardstream.storage.retry import Retrier
+from shardstream.storage.s3source import S3Source
+from shardstream.storage.s3sync import sync_client
 
-__all__ = ["open_remote", "read_filesystem"]
+__all__ = ["forget_remote", "open_remote", "prefetch_remote", "read_filesystem"]
 
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _MIN_CHUNK_BYTES = 256 * 2**10
@@ -40,6 +50,8 @@ _MAX_CHUNK_BYTES = 8 * 2**20
 _FIRST_SPAN_BYTES = 2**20
 #: First ranged GET after an open: readers often peek at byte 0 and then seek to a piece.
 _OPEN_SPAN_BYTES = 64 * 2**10
+#: First GET of a bounded range that is prefetched: the rest is fetched by the pool meanwhile.
+_RANGE_OPEN_BYTES = 2**20
 
 
 def read_filesystem(
@@ -54,112 +66,6 @@ def read_filesystem(
         config.setdefault("connect_timeout", timeout_s)
         options["config_kwargs"] = config
     return fsspec.core.url_to_fs(url, **options)
-
-
-async def _read_up_to(
-    body: Any, num_bytes: int, timeout_s: float
-) -> tuple[bytes, BaseException | None]:
-    """Up to ``num_bytes`` from an aiobotocore body, and the error that ended it early if any.
-
-    Bytes received before a failure are returned too (the caller resumes after them), and a
-    read that receives nothing for ``timeout_s`` fails with ``TimeoutError`` (a stall).
-    """
-    parts: list[bytes] = []
-    received = 0
-    try:
-        if hasattr(asyncio, "timeout"):  # Python 3.11+: one cheap watchdog, moved on progress
-            loop = asyncio.get_running_loop()
-            async with asyncio.timeout(timeout_s) as watchdog:
-                while received < num_bytes:
-                    piece = await body.read(num_bytes - received)
-                    if not piece:
-                        break
-                    parts.append(piece)
-                    received += len(piece)
-                    watchdog.reschedule(loop.time() + timeout_s)
-        else:  # pragma: no cover - Python 3.10
-            while received < num_bytes:
-                piece = await asyncio.wait_for(body.read(num_bytes - received), timeout_s)
-                if not piece:
-                    break
-                parts.append(piece)
-                received += len(piece)
-    except Exception as exc:  # classified by the caller's Retrier
-        return b"".join(parts), exc
-    return b"".join(parts), None
-
-
-class _S3Body:
-    def __init__(self, fs: Any, body: Any, timeout_s: float) -> None:
-        self._fs, self._body, self._timeout_s = fs, body, timeout_s
-        self._error: BaseException | None = None
-
-    def read_chunk(self, num_bytes: int) -> bytes:
-        if self._error is not None:
-            raise self._error
-        data, self._error = sync(self._fs.loop, _read_up_to, self._body, num_bytes, self._timeout_s)
-        if not data and self._error is not None:
-            raise self._error
-        return data  # any error is raised by the next call, after these bytes are counted
-
-    def close(self) -> None:
-        sync(self._fs.loop, self._body.aclose)
-
-
-class _S3Source:
-    """HEAD and ranged GETs of one S3 object, straight through aiobotocore."""
-
-    def __init__(self, fs: Any, path: str, timeout_s: float) -> None:
-        self.fs, self.timeout_s = fs, timeout_s
-        self.bucket, self.key, version = fs.split_path(path)
-        self._version = {"VersionId": version} if version else {}
-        self.etag: str | None = None
-        self.total_size: int | None = None
-
-    async def _call(self, method: str, **kwargs: Any) -> Any:
-        await self.fs.set_session()
-        client = await self.fs.get_s3(self.bucket)
-        call = getattr(client, method)(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
-        return await asyncio.wait_for(call, self.timeout_s)
-
-    def stat(self) -> tuple[int, str | None]:
-        head = sync(self.fs.loop, self._call, "head_object")
-        self.etag = head.get("ETag")
-        self.total_size = int(head["ContentLength"])
-        return self.total_size, self.etag
-
-    def open_body(self, offset: int, end: int) -> _S3Body | _EmptyBody:
-        # If-Match: a resumed read must never splice two versions of a rewritten object.
-        match = {"IfMatch": self.etag} if self.etag else {}
-        try:
-            response = sync(
-                self.fs.loop, self._call, "get_object", Range=f"bytes={offset}-{end - 1}", **match
-            )
-        except Exception as exc:
-            if client_error_code(exc)[0] != "InvalidRange":
-                raise
-            self.stat()  # the range starts at or past the object's end: learn its real size
-            return _EmptyBody()
-        self.etag = self.etag or response.get("ETag")
-        self.total_size = _total_size(response, offset)
-        return _S3Body(self.fs, response["Body"], self.timeout_s)
-
-
-def _total_size(response: Mapping[str, Any], offset: int) -> int:
-    """The object's size from a ranged GET (``Content-Range: bytes a-b/total``)."""
-    content_range = str(response.get("ContentRange") or "")
-    total = content_range.rpartition("/")[2]
-    if total.isdigit():
-        return int(total)
-    return offset + int(response["ContentLength"])  # the server sent the rest whole
-
-
-class _EmptyBody:
-    def read_chunk(self, num_bytes: int) -> bytes:
-        return b""
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 class _RangeBody:
@@ -263,9 +169,10 @@ def open_remote(
     Returns:
         A read-only, seekable binary file object positioned at ``start``.
     """
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    is_s3 = bool(protocols & _S3_PROTOCOLS)
-    source = _S3Source(fs, path, options.timeout_s) if is_s3 else _GenericSource(fs, path)
+    if end is not None and (ahead := hints.take(hints.range_key(fs, path, start, end))):
+        return ahead  # announced by prefetch_remote: already under way
+    is_s3 = _is_s3(fs)
+    source: Any = _s3_source(fs, path, options) if is_s3 else _GenericSource(fs, path)
     stop = threading.Event()
     retrier = Retrier(
         shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
@@ -283,6 +190,71 @@ def open_remote(
             stop.clear()  # too big for the cache, or the disk failed: stream it instead
         size = size if end is None else min(size, end)
     return _stream_range(source, size, start, end, shown, retrier, options)
+
+
+def _is_s3(fs: Any) -> bool:
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return bool(protocols & _S3_PROTOCOLS)
+
+
+def _s3_source(fs: Any, path: str, options: ReadOptions) -> S3Source:
+    connections = 2 * options.max_requests + 8  # the pool's, and callers' own GETs
+    client = sync_client(fs, options.timeout_s, connections)
+    return S3Source(fs, path, options.timeout_s, client)
+
+
+def prefetch_remote(
+    fs: Any,
+    ranges: Sequence[tuple[str, str, int, int]],
+    secrets: list[str],
+    options: ReadOptions,
+    group: Hashable,
+) -> None:
+    """Announce ``(path, shown, start, end)`` ranges that will be opened soon, soonest first.
+
+    On S3 (without a cache, with read-ahead on) up to ``options.prefetch_bytes`` of them are
+    fetched in the background (see :mod:`shardstream.storage.hints`), and :func:`open_remote`
+    of the same range hands over the stream already under way. ``group`` (one per caller, e.g.
+    one per stream of pieces) replaces that group's earlier announcements. Elsewhere a no-op.
+    An announced range that fails is not reported here: its open retries and raises as usual.
+    """
+    if not _is_s3(fs) or options.cache_dir or options.read_ahead_bytes <= 0:
+        return
+    if options.prefetch_bytes <= 0:
+        return
+    entries = [
+        (hints.range_key(fs, path, start, end), end - start,
+         functools.partial(_open_ahead, fs, path, shown, secrets, options, start, end))
+        for path, shown, start, end in ranges
+        if end > start
+    ]  # fmt: skip
+    hints.process_queue(options.prefetch_bytes).hint(group, entries)
+
+
+def forget_remote(group: Hashable) -> None:
+    """Drop what :func:`prefetch_remote` announced for ``group`` and close its streams."""
+    hints.forget(group)
+
+
+def _open_ahead(
+    fs: Any, path: str, shown: str, secrets: list[str], options: ReadOptions, start: int, end: int
+) -> IO[bytes]:
+    """A stream of ``[start, end)`` whose spans are submitted to the pool now (no waiting).
+
+    Unlike :func:`open_remote` nothing is fetched in the caller's thread: a missing object
+    raises on the first read. The object may be shorter than ``end``: reads then end early.
+    """
+    stop = threading.Event()
+    retrier = Retrier(
+        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
+        secrets, stop,
+    )  # fmt: skip
+    source = _s3_source(fs, path, options)
+    chunks = SpanPrefetcher(
+        _span_fetch(source, retrier), start, end, _chunk_bytes(options.read_ahead_bytes),
+        options.read_ahead_bytes, shared_pool(options.max_requests), stop,
+    )  # fmt: skip
+    return cast(IO[bytes], RemoteStream(chunks, shown, end, start))
 
 
 def _open_cached(
@@ -310,15 +282,40 @@ def _stream_range(
     fetcher = ChunkFetcher(
         source, size, chunk_bytes, retrier, first_span_bytes, chunk_bytes, start, end
     )
-    # A known range is asked for whole (up to a chunk); an open-ended read starts small,
-    # since readers often peek at the start and then seek.
+    is_s3 = isinstance(source, S3Source)
+    spans = is_s3 and end is not None and options.read_ahead_bytes > 0
+    # A known range is asked for whole (up to a chunk), or, when the pool fetches the rest,
+    # its first MiB; an open-ended read starts small, since readers often peek and then seek.
     opening = _OPEN_SPAN_BYTES if end is None else max(1, end - start)
-    fetcher.next_span_bytes = min(opening, chunk_bytes)
-    head = b""
-    if isinstance(source, _S3Source):
+    fetcher.next_span_bytes = min(opening, chunk_bytes, _RANGE_OPEN_BYTES if spans else opening)
+    head: bytes | bytearray = b""
+    if is_s3:
         head = fetcher.next_chunk() or b""  # learns the size (and ETag) without a HEAD
     total = fetcher.size if fetcher.size is not None else start
     chunks: ChunkSource = fetcher
-    if options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
+    if spans and total > fetcher.offset:
+        chunks = SpanPrefetcher(
+            _span_fetch(source, retrier), fetcher.offset, total, chunk_bytes,
+            options.read_ahead_bytes, shared_pool(options.max_requests), retrier.stop,
+        )  # fmt: skip
+    elif options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
     return cast(IO[bytes], RemoteStream(chunks, shown, total, start, head))
+
+
+def _span_fetch(source: Any, retrier: Retrier) -> Any:
+    """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read."""
+
+    def fetch(first: int, stop: int) -> bytes | bytearray:
+        own = Retrier(
+            retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
+            retrier.max_backoff_s, retrier.secrets, retrier.stop,
+        )  # fmt: skip
+        span = stop - first
+        fetcher = ChunkFetcher(source, stop, span, own, span, span, first, stop)
+        parts = []
+        while (chunk := fetcher.next_chunk()) is not None:
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    return fetch

@@ -17,7 +17,21 @@ from collections.abc import Sequence
 from shardstream.errors import StorageError
 from shardstream.storage.redact import redact_text
 
-__all__ = ["Retrier", "ShortReadError", "client_error_code", "fatal_error", "is_retryable"]
+__all__ = [
+    "Retrier",
+    "ShortReadError",
+    "client_error_code",
+    "fatal_error",
+    "is_retryable",
+    "retries_in_process",
+]
+
+_RETRIES = [0]  # failed tries retried by this process (loader statistics read it)
+
+
+def retries_in_process() -> int:
+    """Failed storage tries this process has retried so far (all stores, all threads)."""
+    return _RETRIES[0]
 
 logger = logging.getLogger("shardstream.storage")
 
@@ -168,6 +182,7 @@ class Retrier:
             raise fatal_error(exc, self.url, f"{self.action} {where}", self.secrets) from exc
         self.failures += 1
         self.total_failures += 1
+        _RETRIES[0] += 1
         cause = _describe(exc, self.secrets)
         if self.failures >= self.max_attempts:
             raise StorageError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
@@ -185,6 +185,24 @@ class Store:
         return remote.open_remote(
             fs, path, self.shown(name), self.secrets, self.read_options, start, end
         )
+
+    def prefetch(self, ranges: Sequence[tuple[str, int, int]], group: Hashable) -> None:
+        """Announce byte ranges ``(name, start, end)`` to be opened soon, soonest first.
+
+        On object stores they are fetched in the background (at most
+        ``read_options.prefetch_bytes`` ahead) and :meth:`open_read` of the same range takes
+        over the stream under way; ``group`` replaces its earlier announcements (drop them
+        with :func:`shardstream.storage.hints.forget`). A no-op for local folders.
+        """
+        if self.is_local or not ranges:
+            return
+        from shardstream.storage import remote
+
+        items, fs = [], None
+        for name, start, end in ranges:
+            fs, path = self._read_fs(name)
+            items.append((path, self.shown(name), start, end))
+        remote.prefetch_remote(fs, items, self.secrets, self.read_options, group)
 
     def _read_fs(self, name: str) -> tuple[Any, str]:
         """The filesystem for reading: on S3 its own retries are off (ours are the only ones)."""

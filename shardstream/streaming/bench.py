@@ -118,7 +118,7 @@ def _difference(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]
     """The statistics of what was read between two snapshots (the warm-up left out)."""
     summary = dict(after)
     for key in ("wall_s", "batches", "samples", "wait_s", "step_s", "bytes", "skipped",
-                "read_samples"):  # fmt: skip
+                "retries", "read_samples"):  # fmt: skip
         summary[key] = (after[key] or 0) - (before[key] or 0)
     summary["stages_s"] = {k: v - before["stages_s"][k] for k, v in after["stages_s"].items()}
     wall = summary["wall_s"]
@@ -172,6 +172,7 @@ def format_report(summary: dict[str, Any]) -> str:
             (f"worker time: {stage}", f"{seconds:.2f} s ({100 * seconds / busy:.0f}%)")
             for stage, seconds in stages.items()
         ),
+        ("storage retries", f"{summary['retries']}"),
         ("skipped samples", f"{summary['skipped']}"),
         ("bottleneck", summary["bottleneck"]),
     ]

@@ -157,6 +157,7 @@ def _summary(table: np.ndarray, wall: float, wait: float, step: float | None, ba
         "stages_s": stages,
         "bytes": int(totals["bytes"]),
         "skipped": int(totals["skipped"]),
+        "retries": int(totals["retries"]),
         "read_samples": int(totals["samples"]),
         "workers": workers,
         "bottleneck": bottleneck(stages, stall),
@@ -170,6 +171,7 @@ def format_line(summary: dict[str, Any]) -> str:
     shown = "n/a" if stall is None else f"{100 * stall:.0f}%"
     return (
         f"{summary['samples_per_s']:.0f} samples/s, data stall {shown}, worker time: {stages}, "
-        f"{summary['bytes'] / 1e6:.0f} MB read, {summary['skipped']} skipped; "
+        f"{summary['bytes'] / 1e6:.0f} MB read, {summary['retries']} storage retries, "
+        f"{summary['skipped']} skipped; "
         f"bottleneck: {summary['bottleneck']}"
     )

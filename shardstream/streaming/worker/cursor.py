@@ -55,6 +55,9 @@ class StreamCursor:
         self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
         self._runs = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
+        soonest = dict.fromkeys(self._labels)  # pieces in the order of their first samples
+        runs = [window.runs[label] for label in soonest]
+        self._reader.prefetch([(run.shard, run.first, run.stop) for run in runs], self)
         return window
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
@@ -81,6 +84,7 @@ class StreamCursor:
             if run is not None:
                 _close(run)
         self._runs = [None] * len(self._runs)
+        self._reader.forget(self)
 
 
 def _close(run: Iterator[Any]) -> None:

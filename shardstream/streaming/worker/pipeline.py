@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from shardstream.errors import DecodeError
+from shardstream.storage.retry import retries_in_process
 from shardstream.streaming.planning.schedule import PassPlan, steps_of_worker
 from shardstream.streaming.planning.windows import StreamId
 from shardstream.streaming.worker.cursor import StreamCursor
@@ -113,7 +114,7 @@ def run_steps(
     clock = batcher.clock
     try:
         for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
-            started, before = time.perf_counter(), stats.bytes_read
+            started, before, retried = time.perf_counter(), stats.bytes_read, retries_in_process()
             samples: list[Any] = []
             for read in reads:
                 cursor = cursors.get((read.rank, read.phase))
@@ -124,6 +125,7 @@ def run_steps(
             if clock is not None:
                 clock.read_s += time.perf_counter() - started
                 clock.bytes += stats.bytes_read - before
+                clock.retries += retries_in_process() - retried
             out = batcher.finish(samples, stats)
             stats.batches += 1
             if clock is not None:

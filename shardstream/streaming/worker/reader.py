@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from shardstream.errors import ShardFormatError, StorageError
 from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
+from shardstream.storage import hints
 from shardstream.streaming.shardlist import ShardList, ShardSpec
 from shardstream.streaming.worker.handles import HandlePool, IndexCache, OffsetIndex
 from shardstream.streaming.worker.pieces import read_piece
@@ -99,6 +100,34 @@ class ShardReader:
         if settings.on_error != "skip":
             return samples  # errors propagate as they are: no layer to pass through
         return self._guarded(samples, None if stop is None else stop - first)
+
+    def prefetch(self, pieces: Sequence[tuple[int, int, int | None]], group: Hashable) -> None:
+        """Announce pieces ``(shard, first, stop)`` this worker opens next, soonest first.
+
+        Remote stores fetch the byte ranges of indexed pieces in the background, within
+        ``ReadOptions.prefetch_bytes`` (see :meth:`Store.prefetch`); ``group`` (one per
+        stream cursor) replaces its earlier announcements. A no-op for local shards.
+        """
+        ranges: dict[int, list[tuple[str, int, int]]] = {}
+        for shard, first, stop in pieces:
+            spec = self.shards.spec(shard)
+            source = self.shards.sources[spec.store]
+            if source.selection is not None or source.shards.is_local:
+                continue  # a view reads runs of kept samples; local files need no prefetch
+            index = self._index_of(spec)
+            if index is None:
+                continue
+            offsets = index.offsets
+            end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
+            if first < end:
+                piece = (spec.name, int(offsets[first]), int(offsets[end]))
+                ranges.setdefault(spec.store, []).append(piece)
+        for number, wanted in ranges.items():
+            self.shards.sources[number].shards.prefetch(wanted, group)
+
+    def forget(self, group: Hashable) -> None:
+        """Drop what :meth:`prefetch` announced for ``group`` (closing streams not taken)."""
+        hints.forget(group)
 
     def index(self, shard: int) -> ShardIndex | None:
         """Shard number ``shard``'s index (offsets, key hashes), or None when it has none."""

@@ -15,7 +15,7 @@ __all__ = ["FIELDS", "STAGES", "StageClock", "StatsBoard"]
 
 #: What each reading process counts, one column each.
 FIELDS = ("read_s", "decode_s", "transform_s", "collate_s", "samples", "batches", "bytes",
-          "skipped")  # fmt: skip
+          "skipped", "retries")  # fmt: skip
 #: The stages a batch goes through in a worker, with the column of each.
 STAGES = {"storage": "read_s", "decode": "decode_s", "transform": "transform_s",
           "collate": "collate_s"}  # fmt: skip
@@ -53,6 +53,7 @@ class StageClock:
     batches: float
     bytes: float
     skipped: float
+    retries: float
 
     def __init__(self, row: np.ndarray) -> None:
         self.row = row
@@ -60,7 +61,7 @@ class StageClock:
 
     def _zero(self) -> None:
         self.read_s = self.decode_s = self.transform_s = self.collate_s = 0.0
-        self.samples = self.batches = self.bytes = self.skipped = 0.0
+        self.samples = self.batches = self.bytes = self.skipped = self.retries = 0.0
 
     def publish(self) -> None:
         """Add what was counted to the shared row (once per batch)."""

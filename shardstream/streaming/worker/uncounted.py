@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from shardstream.storage.retry import retries_in_process
 from shardstream.streaming.planning.interleave import Interleave
 from shardstream.streaming.planning.shuffle import ShuffleBuffer
 from shardstream.streaming.planning.uncounted import WholeShardPlan
@@ -46,13 +47,14 @@ def run_whole_shards(
     clock = batcher.clock
     try:
         while True:
-            started, before = time.perf_counter(), stats.bytes_read
+            started, before, retried = time.perf_counter(), stats.bytes_read, retries_in_process()
             chunk = list(itertools.islice(samples, size))
             if not chunk:
                 break
             if clock is not None:  # reading includes the interleave and the shuffle buffer
                 clock.read_s += time.perf_counter() - started
                 clock.bytes += stats.bytes_read - before
+                clock.retries += retries_in_process() - retried
             out = batcher.finish(chunk, stats)
             stats.batches += 1
             if clock is not None:

@@ -1,0 +1,150 @@
+"""One S3 object's HEAD and ranged GETs, on botocore's synchronous client where possible.
+
+:class:`S3Source` is the :class:`~shardstream.storage.ranged.RangeSource` that
+:func:`shardstream.storage.remote.open_remote` reads S3 objects through. By default it sends its
+requests on a plain botocore client (:mod:`shardstream.storage.s3sync`: thread-safe, bodies read
+straight into one buffer per GET); filesystems that client cannot mirror go through s3fs's
+aiobotocore client and event loop, as before. Either way botocore's own retries are off and the
+first ranged GET's ``Content-Range`` and ``ETag`` give the object's size and version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from fsspec.asyn import sync
+
+from shardstream.storage.retry import client_error_code
+from shardstream.storage.s3sync import SyncS3Body
+
+__all__ = ["S3Source"]
+
+
+async def _read_up_to(
+    body: Any, num_bytes: int, timeout_s: float
+) -> tuple[bytes, BaseException | None]:
+    """Up to ``num_bytes`` from an aiobotocore body, and the error that ended it early if any.
+
+    Bytes received before a failure are returned too (the caller resumes after them), and a
+    read that receives nothing for ``timeout_s`` fails with ``TimeoutError`` (a stall).
+    """
+    parts: list[bytes] = []
+    received = 0
+    try:
+        if hasattr(asyncio, "timeout"):  # Python 3.11+: one cheap watchdog, moved on progress
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(timeout_s) as watchdog:
+                while received < num_bytes:
+                    piece = await body.read(num_bytes - received)
+                    if not piece:
+                        break
+                    parts.append(piece)
+                    received += len(piece)
+                    watchdog.reschedule(loop.time() + timeout_s)
+        else:  # pragma: no cover - Python 3.10
+            while received < num_bytes:
+                piece = await asyncio.wait_for(body.read(num_bytes - received), timeout_s)
+                if not piece:
+                    break
+                parts.append(piece)
+                received += len(piece)
+    except Exception as exc:  # classified by the caller's Retrier
+        return b"".join(parts), exc
+    return b"".join(parts), None
+
+
+class _S3Body:
+    def __init__(self, fs: Any, body: Any, timeout_s: float) -> None:
+        self._fs, self._body, self._timeout_s = fs, body, timeout_s
+        self._error: BaseException | None = None
+
+    def read_chunk(self, num_bytes: int) -> bytes:
+        if self._error is not None:
+            raise self._error
+        data, self._error = sync(self._fs.loop, _read_up_to, self._body, num_bytes, self._timeout_s)
+        if not data and self._error is not None:
+            raise self._error
+        return data  # any error is raised by the next call, after these bytes are counted
+
+    def close(self) -> None:
+        sync(self._fs.loop, self._body.aclose)
+
+
+class S3Source:
+    """HEAD and ranged GETs of one S3 object, each ranged GET answered as a readable body.
+
+    Args:
+        fs: The s3fs filesystem (bucket and key parsing; the aiobotocore fallback).
+        path: ``bucket/key`` (with ``?versionId=`` if any).
+        timeout_s: Per-request timeout (aiobotocore path; the sync client has its own).
+        client: A botocore client from :func:`~shardstream.storage.s3sync.sync_client`, or
+            ``None`` to use aiobotocore.
+
+    Attributes:
+        etag: The object's ETag once known; later GETs carry ``If-Match`` on it.
+        total_size: The object's size once known.
+    """
+
+    def __init__(self, fs: Any, path: str, timeout_s: float, client: Any = None) -> None:
+        self.fs, self.timeout_s, self.client = fs, timeout_s, client
+        self.bucket, self.key, version = fs.split_path(path)
+        self._version = {"VersionId": version} if version else {}
+        self.etag: str | None = None
+        self.total_size: int | None = None
+
+    async def _call(self, method: str, **kwargs: Any) -> Any:
+        await self.fs.set_session()
+        client = await self.fs.get_s3(self.bucket)
+        call = getattr(client, method)(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
+        return await asyncio.wait_for(call, self.timeout_s)
+
+    def _request(self, method: str, **kwargs: Any) -> Any:
+        if self.client is not None:
+            call = getattr(self.client, method)
+            return call(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
+        return sync(self.fs.loop, self._call, method, **kwargs)
+
+    def stat(self) -> tuple[int, str | None]:
+        """The object's size and ETag (a HEAD request)."""
+        head = self._request("head_object")
+        self.etag = head.get("ETag")
+        self.total_size = int(head["ContentLength"])
+        return self.total_size, self.etag
+
+    def open_body(self, offset: int, end: int) -> SyncS3Body | _S3Body | _EmptyBody:
+        """Start a GET of bytes ``[offset, end)``; learn the size and ETag from its answer."""
+        # If-Match: a resumed read must never splice two versions of a rewritten object.
+        match = {"IfMatch": self.etag} if self.etag else {}
+        try:
+            response = self._request("get_object", Range=f"bytes={offset}-{end - 1}", **match)
+        except Exception as exc:
+            if client_error_code(exc)[0] != "InvalidRange":
+                raise
+            self.stat()  # the range starts at or past the object's end: learn its real size
+            return _EmptyBody()
+        self.etag = self.etag or response.get("ETag")
+        self.total_size = _total_size(response, offset)
+        if self.client is not None:
+            return SyncS3Body(response["Body"])
+        return _S3Body(self.fs, response["Body"], self.timeout_s)
+
+
+def _total_size(response: Mapping[str, Any], offset: int) -> int:
+    """The object's size from a ranged GET (``Content-Range: bytes a-b/total``)."""
+    content_range = str(response.get("ContentRange") or "")
+    total = content_range.rpartition("/")[2]
+    if total.isdigit():
+        return int(total)
+    return offset + int(response["ContentLength"])  # the server sent the rest whole
+
+
+class _EmptyBody:
+    """The body of a range that starts at or past the object's end."""
+
+    def read_chunk(self, num_bytes: int) -> bytes:
+        return b""
+
+    def close(self) -> None:
+        """Nothing to release."""
