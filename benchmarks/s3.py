@@ -6,9 +6,10 @@ stopped here; ``--server moto`` uses moto_server instead), then streams each loc
 mode (bytes, no decode) and "train" mode (decode + RandomResizedCrop(224) + flip + normalize, as
 in ``benchmarks/load.py``): one untimed warm-up epoch, then the median of ``--epochs`` epochs,
 local and S3 epochs taking turns so that background load on the box hits both alike.
-In the same run it measures the server's ceiling: whole-shard GETs with plain boto3 on 1 and 4
-threads. CPU s/GB is the user+system time of this process and its DataLoader workers (waited
-for, ``getrusage``) per GB of shards read; the server's own CPU (radosgw + OSD) is shown apart.
+In the same run it measures the server's ceilings: whole-shard GETs with plain boto3 on 1 and 4
+threads, and PutObjects of the built shards (already in memory) on ``--workers`` threads.
+CPU s/GB is the user+system time of this process and its DataLoader workers (waited for,
+``getrusage``) per GB of shards read; the server's own CPU (radosgw + OSD) is shown apart.
 
 Targets: raw S3 >= 0.7x the ceiling, train S3 >= 0.95x train local, build S3 >= 0.7x local.
 The client and server share the machine's cores, so the numbers are noisy on a busy box: the
@@ -164,16 +165,36 @@ def build(
     return time.perf_counter() - start
 
 
-def ceiling(info: dict[str, str], prefix: str, rounds: int = 2) -> dict[int, float]:
-    """MB/s of whole-shard GETs with plain boto3, on 1 and 4 threads (after a warm-up pass)."""
+def boto3_client(info: dict[str, str]) -> Any:
     import boto3
     from botocore.config import Config
 
-    s3 = boto3.client(
+    return boto3.client(
         "s3", endpoint_url=info["endpoint_url"], aws_access_key_id=info["aws_access_key_id"],
         aws_secret_access_key=info["aws_secret_access_key"], region_name=info["region"],
         config=Config(s3={"addressing_style": "path"}, max_pool_connections=8),
     )  # fmt: skip
+
+
+def put_ceiling(info: dict[str, str], folder: str, threads: int) -> float:
+    """MB/s of whole-shard PutObjects with plain boto3 of the local build's shards (read
+    into memory first: the server's write speed, without reading or packing images)."""
+    s3 = boto3_client(info)
+    shards = [path.read_bytes() for path in sorted(Path(folder).glob("*.tar"))]
+
+    def put(numbered: tuple[int, bytes]) -> int:
+        s3.put_object(Bucket="bench", Key=f"ceiling/{numbered[0]}.tar", Body=numbered[1])
+        return len(numbered[1])
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(put, enumerate(shards)))
+    return total / MB / (time.perf_counter() - start)
+
+
+def ceiling(info: dict[str, str], prefix: str, rounds: int = 2) -> dict[int, float]:
+    """MB/s of whole-shard GETs with plain boto3, on 1 and 4 threads (after a warm-up pass)."""
+    s3 = boto3_client(info)
     listing = s3.list_objects_v2(Bucket="bench", Prefix=prefix)["Contents"]
     keys = [item["Key"] for item in listing if item["Key"].endswith(".tar")]
 
@@ -205,6 +226,7 @@ def measure(args: argparse.Namespace, source: Path, scratch: str) -> dict[str, A
         }  # fmt: skip
         remote = "s3://bench/train"
         found["s3"] = {"build": build(source, remote, options, args.workers, args.shard_mib)}
+        found["s3"]["put"] = put_ceiling(info, local, args.workers)
         found["s3"]["ceiling"] = ceiling(info, "train/")
         found["s3"]["bytes"] = _dataset_bytes(remote, options)
         found["local"]["bytes"] = _dataset_bytes(local, None)
@@ -225,11 +247,14 @@ def table(args: argparse.Namespace, local: dict[str, Any], s3: dict[str, Any]) -
     """The markdown table of one run."""
     gb = s3["bytes"] / 1e9
     top = max(s3["ceiling"][1], s3["ceiling"][4])
+    build_mbs = [place["bytes"] / MB / place["build"] for place in (local, s3)]
     rows = [
         "| | local disk | S3 | S3/local | S3/ceiling |",
         "|---|---|---|---|---|",
         f"| build, {args.workers} workers (s) | {local['build']:.1f} | {s3['build']:.1f} | "
         f"{local['build'] / s3['build']:.2f}x | |",
+        f"| build (MB/s) | {build_mbs[0]:,.0f} | {build_mbs[1]:,.0f} | | "
+        f"{build_mbs[1] / s3['put']:.2f}x |",
     ]
     for mode in args.modes:
         here, there = local[mode], s3[mode]
@@ -241,6 +266,8 @@ def table(args: argparse.Namespace, local: dict[str, Any], s3: dict[str, Any]) -
         cpu = [row["cpu"] / (row["epochs"] * gb) for row in (here, there)]
         rows.append(f"| {mode}: client CPU s/GB (server) | {cpu[0]:.2f} | {cpu[1]:.2f} "
                     f"({there['server_cpu'] / (there['epochs'] * gb):.2f}) | | |")  # fmt: skip
+    rows.append(f"| write ceiling: boto3 PutObject of the built shards, {args.workers} threads "
+                f"(MB/s) | | {s3['put']:,.0f} | | 1.00x |")  # fmt: skip
     rows.append(f"| ceiling: boto3 whole-shard GETs (MB/s) | | 1 thread {s3['ceiling'][1]:,.0f}, "
                 f"4 threads {s3['ceiling'][4]:,.0f} | | 1.00x |")  # fmt: skip
     head = (f"{args.images} images ({s3['bytes'] / MB:,.0f} MB) in {args.shard_mib} MiB shards, "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from shardstream.errors import DatasetExistsError, ManifestError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
@@ -244,17 +245,33 @@ def _part_in_state(state: Store, part: ShardInfo) -> bool:
     return part.index is None or state.exists(part.index)
 
 
+#: Moves at once when finalizing on an object store: each is a server-side copy and a delete,
+#: so at 1e5 shards one at a time would take hours of round trips.
+FINALIZE_THREADS = 16
+
+
 def finalize_shards(dest: Store, state: Store, results: list[ChunkResult]) -> list[ShardInfo]:
-    """Rename every part to its final shard name in plan order; return the final ShardInfos."""
-    shards = []
+    """Rename every part to its final shard name in plan order; return the final ShardInfos.
+
+    Local renames run one after another; on object stores (``CopyObject`` + delete, server
+    side) up to :data:`FINALIZE_THREADS` moves run at once. A build killed half-way through
+    resumes (every move skips a part that is gone from the state folder).
+    """
+    shards, moves = [], []
     for part, final in final_names(results):
-        # Server-side on object stores: a rename locally, CopyObject + delete on S3.
-        _move_if_present(state, part.name, dest, final)
+        moves.append((part.name, final))
         index = None
         if part.index is not None:
             index = index_name(final)
-            _move_if_present(state, part.index, dest, index)
+            moves.append((part.index, index))
         shards.append(ShardInfo(final, part.num_samples, part.num_bytes, part.sha256, index))
+    if state.is_local or len(moves) < 2:
+        for name, final in moves:
+            _move_if_present(state, name, dest, final)
+    else:
+        with ThreadPoolExecutor(min(FINALIZE_THREADS, len(moves)), "shardstream-move") as pool:
+            for future in [pool.submit(_move_if_present, state, n, dest, f) for n, f in moves]:
+                future.result()  # the first error is raised (the others finish first)
     return shards
 
 

@@ -11,10 +11,13 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Iterator, Sequence
+from typing import IO, Any, cast
 
 from fsspec.implementations.local import LocalFileSystem
+
+from shardstream.storage.options import ReadOptions
+from shardstream.storage.s3upload import open_s3_upload
 
 __all__ = ["atomic_write", "forget_listings", "is_local_fs", "list_files", "move", "remove_folder"]
 
@@ -93,29 +96,39 @@ def remove_folder(fs: Any, path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_write(fs: Any, path: str, shown: str, part_size_bytes: int) -> Iterator[IO[bytes]]:
+def atomic_write(
+    fs: Any,
+    path: str,
+    shown: str,
+    part_size_bytes: int,
+    options: ReadOptions | None = None,
+    secrets: Sequence[str] = (),
+) -> Iterator[IO[bytes]]:
     """Open ``path`` for writing so that it appears complete or not at all.
 
     Local files are written under a temporary name in the same folder, flushed to disk and then
     renamed over the target. Object stores are written in place: the data is streamed up as a
     multipart upload of ``part_size_bytes`` parts (so memory is bounded by the part size, not
-    the object size), the object becomes visible only when the upload completes, and the upload
-    is aborted if the block raises. A killed process leaves an unfinished multipart upload,
-    which is never visible (a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` frees
-    its parts). Other fsspec filesystems get a temporary name and a move.
+    the object size; on S3 two parts upload while the next is written, each retried per
+    ``options``: see :mod:`shardstream.storage.s3upload`), the object becomes visible only when
+    the upload completes, and the upload is aborted if the block raises. A killed process
+    leaves an unfinished multipart upload, which is never visible (a bucket lifecycle rule
+    ``AbortIncompleteMultipartUpload`` frees its parts). Other fsspec filesystems get a
+    temporary name and a move.
     """
     if is_local_fs(fs):
         with _local_atomic_write(path) as stream:
             yield stream
         return
     if _has_atomic_put(fs):
-        stream = fs.open(path, "wb", block_size=part_size_bytes)
+        upload = open_s3_upload(fs, path, shown, part_size_bytes, options or ReadOptions(), secrets)
+        target = upload if upload is not None else fs.open(path, "wb", block_size=part_size_bytes)
         try:
-            yield stream
+            yield cast(IO[bytes], target)  # write, tell, flush: what the writers here use
         except BaseException:
-            _discard(stream, shown)
+            _discard(target, shown)
             raise
-        stream.close()
+        target.close()
         return
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
     try:

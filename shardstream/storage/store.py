@@ -281,7 +281,9 @@ class Store:
             ...     f.write(b"...")
         """
         fs, path = self._path(name)
-        with files.atomic_write(fs, path, self.shown(name), part_size_bytes) as stream:
+        with files.atomic_write(
+            fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
+        ) as stream:
             yield stream
 
     def move(self, source: str, target: str, into: Store | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -79,3 +80,40 @@ def test_memory_build_leaves_no_state_folder(
         )
     finally:
         Store(dest).remove_folder()
+
+
+def test_finalize_moves_in_parallel_and_resumes_after_a_failed_move(
+    make_image_folder: Callable[..., pathlib.Path],
+    storage_options: dict[str, Any],
+    moto_fs: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    images = make_image_folder(num_classes=3, per_class=10)
+    clean = build_shards(images, f"s3://{BUCKET}/clean", storage_options=storage_options,
+                         max_samples_per_shard=3)  # fmt: skip
+    dest = f"s3://{BUCKET}/resumed"
+    real_move, lock, calls, threads = Store.move, threading.Lock(), [0], set()
+
+    def failing_move(self: Store, source: str, target: str, into: Store | None = None) -> None:
+        with lock:
+            calls[0] += 1
+            number = calls[0]
+            threads.add(threading.get_ident())
+        if number == 7:
+            raise OSError("the network went away mid-finalize")
+        real_move(self, source, target, into)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Store, "move", failing_move)
+        with pytest.raises(OSError, match="mid-finalize"):
+            build_shards(images, dest, storage_options=storage_options, max_samples_per_shard=3)
+    assert len(threads) > 1, "moves ran on several threads"
+    moto_fs.invalidate_cache()
+    assert not moto_fs.exists(f"{BUCKET}/resumed/manifest.json")
+    moved = [p for p in moto_fs.find(f"{BUCKET}/resumed") if "/shard-" in p]
+    assert 0 < len(moved) < 2 * len(clean.shards), "the failure left a half-finalized build"
+    manifest = build_shards(images, dest, storage_options=storage_options, max_samples_per_shard=3)
+    assert manifest.shards == clean.shards
+    assert verify_dataset(dest, storage_options) == manifest
+    moto_fs.invalidate_cache()
+    assert not [p for p in moto_fs.find(f"{BUCKET}/resumed") if "_shardstream_build" in p]
