@@ -261,7 +261,7 @@ osd_crush_update_on_start = true
 bluestore_csum_type = none
 
 [client.rgw.bench]
-rgw_frontends = beast endpoint=127.0.0.1:$S3_PORT_CHOSEN
+rgw_frontends = beast endpoint=127.0.0.1:$S3_PORT_CHOSEN tcp_nodelay=1
 # The default 512 threads is far more than a 2-core benchmark box uses.
 rgw_thread_pool_size = 64
 rgw_dns_name = 127.0.0.1

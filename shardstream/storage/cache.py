@@ -146,7 +146,7 @@ class CacheWriter:
         self._file: IO[bytes] | None = open(self.temporary, "wb")  # noqa: SIM115
         self.written = 0
 
-    def write(self, chunk: bytes | bytearray) -> None:
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append a chunk; on a disk error, give up caching (the read itself goes on)."""
         if self._file is None:
             return

@@ -19,6 +19,7 @@ import os
 from typing import Any, Protocol
 
 from shardstream.errors import StorageError
+from shardstream.storage.buffers import recycle
 from shardstream.storage.retry import Retrier, ShortReadError
 
 __all__ = [
@@ -37,8 +38,9 @@ logger = logging.getLogger("shardstream.storage")
 #: request's first-byte latency); a longer one starts a new ranged request at the target. Kept
 #: short: responses are read whole and connections reused, so a new request costs a round trip.
 _SKIP_BY_READING_BYTES = 2**20
-#: What sources hand out: ``bytes``, or a ``bytearray`` filled in place (no extra copy).
-Chunk = bytes | bytearray
+#: What sources hand out: ``bytes``, a ``bytearray`` filled in place (no extra copy), or a view
+#: of a reused receive buffer (:mod:`shardstream.storage.buffers`).
+Chunk = bytes | bytearray | memoryview
 
 
 class RangeBody(Protocol):
@@ -186,7 +188,8 @@ class RemoteStream(io.RawIOBase):
     ) -> None:
         super().__init__()
         self._chunks, self.url, self.size = chunks, url, size
-        self._current = memoryview(head)  # bytes from ``start`` already fetched (the first GET)
+        self._chunk: Chunk | None = head  # the chunk being read (handed back once read)
+        self._current = memoryview(head)  # its bytes not read yet (first: the opening GET's)
         self._offset = start
         self._eof = False
         self._pid = os.getpid()
@@ -218,7 +221,8 @@ class RemoteStream(io.RawIOBase):
                 distance -= skipped
             return self._offset
         self._chunks.seek(target)
-        self._current, self._offset, self._eof = memoryview(b""), target, False
+        self._drop_chunk()
+        self._offset, self._eof = target, False
         return target
 
     @property
@@ -234,12 +238,22 @@ class RemoteStream(io.RawIOBase):
                 f"{self.url}: a stream opened in process {self._pid} was read in process "
                 f"{os.getpid()}. Open shards inside each DataLoader worker, not before forking."
             )
+        self._drop_chunk()
         chunk = self._chunks.next_chunk()
         if chunk is None:
             self._eof = True
             return False
-        self._current = memoryview(chunk)
+        self._chunk, self._current = chunk, memoryview(chunk)
         return True
+
+    def _drop_chunk(self) -> None:
+        """Forget the current chunk; its receive buffer is reused if nobody else sees it."""
+        self._current = memoryview(b"")
+        recycle(self._take_chunk())
+
+    def _take_chunk(self) -> Chunk | None:
+        chunk, self._chunk = self._chunk, None
+        return chunk
 
     def readinto(self, buffer: Any) -> int:
         if self.closed:
@@ -264,10 +278,9 @@ class RemoteStream(io.RawIOBase):
         parts: list[bytes] = []
         wanted = size
         while wanted > 0 and (self._current or self._fill()):
-            piece = self._current[:wanted]
-            self._current = self._current[len(piece) :]
-            parts.append(piece.tobytes())
-            wanted -= len(piece)
+            parts.append(self._current[:wanted].tobytes())  # no view left behind: see _fill
+            self._current = self._current[len(parts[-1]) :]
+            wanted -= len(parts[-1])
         data = b"".join(parts)
         self._offset += len(data)
         return data
@@ -283,7 +296,7 @@ class RemoteStream(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             self._chunks.close()
-            self._current = memoryview(b"")
+            self._drop_chunk()
         super().close()
 
 

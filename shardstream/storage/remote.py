@@ -35,7 +35,7 @@ from shardstream.storage import hints
 from shardstream.storage.cache import ShardCache
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.prefetch import SpanPrefetcher, shared_pool
-from shardstream.storage.ranged import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.ranged import BoundedFile, Chunk, ChunkFetcher, ChunkSource, RemoteStream
 from shardstream.storage.readahead import ReadAhead
 from shardstream.storage.retry import Retrier
 from shardstream.storage.s3source import S3Source
@@ -288,7 +288,7 @@ def _stream_range(
     # its first MiB; an open-ended read starts small, since readers often peek and then seek.
     opening = _OPEN_SPAN_BYTES if end is None else max(1, end - start)
     fetcher.next_span_bytes = min(opening, chunk_bytes, _RANGE_OPEN_BYTES if spans else opening)
-    head: bytes | bytearray = b""
+    head: Chunk = b""
     if is_s3:
         head = fetcher.next_chunk() or b""  # learns the size (and ETag) without a HEAD
     total = fetcher.size if fetcher.size is not None else start
@@ -306,7 +306,7 @@ def _stream_range(
 def _span_fetch(source: Any, retrier: Retrier) -> Any:
     """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read."""
 
-    def fetch(first: int, stop: int) -> bytes | bytearray:
+    def fetch(first: int, stop: int) -> Chunk:
         own = Retrier(
             retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
             retrier.max_backoff_s, retrier.secrets, retrier.stop,

@@ -21,6 +21,7 @@ import os
 import threading
 from typing import Any
 
+from shardstream.storage.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
 from shardstream.storage.retry import ShortReadError
 
 __all__ = ["SyncS3Body", "sync_client"]
@@ -124,14 +125,20 @@ class SyncS3Body:
         self._error: BaseException | None = None
         self._finished = False
 
-    def read_chunk(self, num_bytes: int) -> bytearray:
-        """Up to ``num_bytes`` of the body; an empty buffer at its end."""
+    def read_chunk(self, num_bytes: int) -> bytearray | memoryview:
+        """Up to ``num_bytes`` of the body; an empty buffer at its end.
+
+        Reads of :data:`~shardstream.storage.buffers.MIN_POOLED_BYTES` or more land in a
+        reused buffer and come back as a view of it (give it back with
+        :func:`~shardstream.storage.buffers.recycle`); smaller ones as a ``bytearray``.
+        """
         if self._error is not None:
             error, self._error = self._error, None
             raise error
         if self._fp is None or not hasattr(self._fp, "readinto"):
             return bytearray(self._body.read(num_bytes))  # pragma: no cover - other transports
-        buffer = bytearray(num_bytes)
+        pooled = num_bytes >= MIN_POOLED_BYTES
+        buffer = RECEIVE_BUFFERS.take(num_bytes) if pooled else bytearray(num_bytes)
         view = memoryview(buffer)
         received = 0
         try:
@@ -150,8 +157,12 @@ class SyncS3Body:
         if self._error is not None and self._raw is not None:
             self._raw.close()  # a broken connection is never reused, nor left for the GC
         if self._error is not None and not received:
+            if pooled:
+                RECEIVE_BUFFERS.give(buffer)
             error, self._error = self._error, None
             raise error
+        if pooled:
+            return memoryview(buffer)[:received]
         if received < num_bytes:
             del buffer[received:]
         return buffer

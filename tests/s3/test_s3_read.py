@@ -276,3 +276,22 @@ def test_ranged_read_past_the_end_of_a_shorter_object(
         assert stream.read() == data[-100:]
     with Store(URL, proxy_options, FAST).open_read(start=SIZE + 10, end=SIZE + 5000) as stream:
         assert stream.read() == b""
+
+
+def test_receive_buffers_are_reused_across_gets(
+    moto_fs: Any, storage_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardstream.storage import buffers
+
+    pool = buffers.ReceiveBuffers(max_bytes=64 * 2**20)
+    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", pool)
+    import shardstream.storage.s3sync as s3sync
+
+    monkeypatch.setattr(s3sync, "RECEIVE_BUFFERS", pool)
+    blob = payload(40 * 2**20 + 777, seed=3)
+    moto_fs.pipe(URL, blob)
+    plain = ReadOptions(read_ahead_bytes=0)  # one 8 MiB GET after another, in this thread
+    assert read_all(storage_options, plain, piece=1_000_003) == blob
+    assert pool.reused >= 3, "later GETs were read into the buffers of earlier ones"
+    prefetched = ReadOptions()  # spans fetched by the shared pool's threads
+    assert read_all(storage_options, prefetched, piece=65_536) == blob

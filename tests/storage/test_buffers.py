@@ -1,0 +1,104 @@
+"""Receive buffers: reused only when nothing else can see them, never changing held bytes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from shardstream.storage import buffers
+from shardstream.storage.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
+from shardstream.storage.ranged import RemoteStream
+
+SIZE = 2 * MIN_POOLED_BYTES
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> ReceiveBuffers:
+    fresh = ReceiveBuffers(max_bytes=8 * SIZE)
+    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", fresh)
+    return fresh
+
+
+def pooled_chunk(pool: ReceiveBuffers, data: bytes) -> memoryview:
+    buffer = pool.take(len(data))
+    buffer[: len(data)] = data
+    return memoryview(buffer)[: len(data)]
+
+
+class Holder:
+    def __init__(self, chunk: Any) -> None:
+        self.chunk = chunk
+
+    def take(self) -> Any:
+        chunk, self.chunk = self.chunk, None
+        return chunk
+
+
+def test_a_chunk_nobody_else_sees_is_reused(pool: ReceiveBuffers) -> None:
+    holder = Holder(pooled_chunk(pool, b"a" * SIZE))
+    recycle(holder.take())
+    assert pool.kept_bytes >= SIZE
+    again = pool.take(SIZE)
+    assert pool.reused == 1 and len(again) >= SIZE
+
+
+@pytest.mark.parametrize("kept", ["slice", "reference", "other view"])
+def test_a_chunk_seen_elsewhere_is_left_alone(pool: ReceiveBuffers, kept: str) -> None:
+    data = os.urandom(SIZE)
+    chunk = pooled_chunk(pool, data)
+    if kept == "slice":
+        held: Any = chunk[10:]
+    elif kept == "reference":
+        held = chunk
+    else:
+        held = memoryview(chunk.obj)
+    holder = Holder(chunk)
+    del chunk
+    recycle(holder.take())
+    assert pool.kept_bytes == 0
+    # Taking and filling buffers now must not touch what is held.
+    for _ in range(3):
+        pooled_chunk(pool, b"\xff" * SIZE)
+    expected = data[10:] if kept == "slice" else data
+    assert bytes(held[: len(expected)]) == expected
+
+
+def test_bytes_and_small_buffers_are_not_pooled(pool: ReceiveBuffers) -> None:
+    recycle(Holder(b"x" * SIZE).take())
+    recycle(Holder(memoryview(bytearray(100))).take())
+    assert pool.kept_bytes == 0
+
+
+def test_the_pool_is_bounded(pool: ReceiveBuffers) -> None:
+    for _ in range(20):
+        pool.give(bytearray(SIZE))
+    assert pool.kept_bytes <= pool.max_bytes
+
+
+class Chunks:
+    """A chunk source handing out pooled views, like the S3 read path."""
+
+    def __init__(self, pool: ReceiveBuffers, data: bytes, size: int) -> None:
+        self.pool, self.pieces = pool, [data[i : i + size] for i in range(0, len(data), size)]
+
+    def next_chunk(self) -> Any:
+        return pooled_chunk(self.pool, self.pieces.pop(0)) if self.pieces else None
+
+    def seek(self, offset: int) -> None:
+        raise AssertionError("not used")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def test_a_stream_gives_read_chunks_back_and_its_bytes_stay_right(pool: ReceiveBuffers) -> None:
+    data = os.urandom(6 * SIZE + 123)
+    stream = RemoteStream(Chunks(pool, data, SIZE), "s3://b/x.tar", len(data))
+    out = bytearray()
+    while piece := stream.read(300_001):
+        out += piece
+    stream.close()
+    assert bytes(out) == data
+    assert pool.reused >= 4, "each chunk's buffer served a later one"
