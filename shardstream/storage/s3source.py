@@ -17,7 +17,7 @@ from typing import Any
 from fsspec.asyn import sync
 
 from shardstream.storage.retry import client_error_code
-from shardstream.storage.s3sync import SyncS3Body
+from shardstream.storage.s3sync import PresignedGets, SyncS3Body
 
 __all__ = ["S3Source"]
 
@@ -91,6 +91,8 @@ class S3Source:
         self.fs, self.timeout_s, self.client = fs, timeout_s, client
         self.bucket, self.key, version = fs.split_path(path)
         self._version = {"VersionId": version} if version else {}
+        self._version_id: str | None = version or None
+        self._presigned = PresignedGets.for_client(client) if client is not None else None
         self.etag: str | None = None
         self.total_size: int | None = None
 
@@ -106,6 +108,10 @@ class S3Source:
             return call(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
         return sync(self.fs.loop, self._call, method, **kwargs)
 
+    def _open_presigned(self, offset: int, end: int) -> SyncS3Body:
+        assert self._presigned is not None
+        return _open_presigned_body(self, self._presigned, offset, end)
+
     def stat(self) -> tuple[int, str | None]:
         """The object's size and ETag (a HEAD request)."""
         head = self._request("head_object")
@@ -118,6 +124,8 @@ class S3Source:
         # If-Match: a resumed read must never splice two versions of a rewritten object.
         match = {"IfMatch": self.etag} if self.etag else {}
         try:
+            if self._presigned is not None:
+                return self._open_presigned(offset, end)
             response = self._request("get_object", Range=f"bytes={offset}-{end - 1}", **match)
         except Exception as exc:
             if client_error_code(exc)[0] != "InvalidRange":
@@ -129,6 +137,26 @@ class S3Source:
         if self.client is not None:
             return SyncS3Body(response["Body"])
         return _S3Body(self.fs, response["Body"], self.timeout_s)
+
+
+def _open_presigned_body(
+    source: S3Source, presigned: PresignedGets, offset: int, end: int
+) -> SyncS3Body:
+    headers = {"Range": f"bytes={offset}-{end - 1}"}
+    if source.etag:
+        headers["If-Match"] = source.etag
+    try:
+        fields, raw = presigned.get(source.bucket, source.key, source._version_id, headers)
+    except Exception as exc:
+        if client_error_code(exc)[1] != 403:
+            raise
+        # The URL's credentials may have expired: sign anew through botocore, once.
+        match = {"IfMatch": source.etag} if source.etag else {}
+        response = source._request("get_object", Range=headers["Range"], **match)
+        fields, raw = response, response["Body"]
+    source.etag = source.etag or fields.get("ETag")
+    source.total_size = _total_size(fields, offset)
+    return SyncS3Body(raw)
 
 
 def _total_size(response: Mapping[str, Any], offset: int) -> int:

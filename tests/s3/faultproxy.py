@@ -6,6 +6,7 @@ except that a :class:`Rule` matching a request (method, path substring, the Nth 
 - ``"reset"``: reset the connection (TCP RST), before the response or after ``after_bytes`` of
   the body;
 - ``"503"``: answer ``503 SlowDown`` with S3's XML error body, without asking the server;
+- ``"403"``: answer ``403 AccessDenied`` (``Request has expired``) the same way;
 - ``"stall"``: stop for ``stall_s`` seconds, before the response or after ``after_bytes``;
 - ``"cut"``: send the full ``Content-Length`` header but only ``after_bytes`` of the body, then
   close the connection.
@@ -28,6 +29,10 @@ from typing import Any
 _SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>fault</RequestId></Error>"
+)
+_EXPIRED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Request has expired</Message><RequestId>fault</RequestId></Error>"
 )
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 _SEND_PIECE = 64 * 2**10
@@ -146,10 +151,12 @@ class FaultProxy:
     ) -> bool:  # fmt: skip
         """Answer one request; False when the connection must end."""
         action = rule.action if rule else None
-        if action == "503":
-            _send_head(client, 503, "Slow Down", [("Content-Type", "application/xml")],
-                       len(_SLOW_DOWN))  # fmt: skip
-            client.sendall(_SLOW_DOWN)
+        if action in ("503", "403"):
+            body = _SLOW_DOWN if action == "503" else _EXPIRED
+            reason = "Slow Down" if action == "503" else "Forbidden"
+            _send_head(client, int(action), reason, [("Content-Type", "application/xml")],
+                       len(body))  # fmt: skip
+            client.sendall(body)
             return True
         if action in ("reset", "stall") and rule is not None and rule.after_bytes == 0:
             if action == "reset":

@@ -295,3 +295,40 @@ def test_receive_buffers_are_reused_across_gets(
     assert pool.reused >= 3, "later GETs were read into the buffers of earlier ones"
     prefetched = ReadOptions()  # spans fetched by the shared pool's threads
     assert read_all(storage_options, prefetched, piece=65_536) == blob
+
+
+def test_gets_go_to_presigned_urls_whose_signatures_never_reach_messages(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    assert read_all(proxy_options, FAST) == data
+    targets = [t for m, t in fault_proxy.requests if m == "GET" and KEY in t]
+    assert targets and all("X-Amz-Signature=" in t for t in targets), "signed once, sent plain"
+    fault_proxy.add(method="GET", path_contains=KEY, action="reset", times=0)
+    with pytest.raises(StorageError) as caught:
+        read_all(proxy_options, FAST)
+    message = str(caught.value)
+    assert URL in message and "4 attempts" in message
+    assert "Signature" not in message and "Credential" not in message and "?" not in message
+
+
+def test_a_refused_presigned_url_is_signed_again(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    # An expired URL (or one signed with credentials since rotated) gets 403: that GET is sent
+    # once more through get_object (header-signed, fresh credentials) and the read goes on.
+    refused = fault_proxy.add(method="GET", path_contains="X-Amz-Signature", action="403")
+    assert read_all(proxy_options, FAST) == data
+    assert refused.hits == 1
+    gets = [t for m, t in fault_proxy.requests if m == "GET" and KEY in t]
+    assert "X-Amz-Signature" in gets[0] and "X-Amz-Signature" not in gets[1]
+    assert all("X-Amz-Signature" in t for t in gets[2:]), "later GETs use a new URL"
+
+
+def test_access_denied_for_real_is_not_retried(
+    data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    fault_proxy.add(method="GET", path_contains=KEY, action="403", times=0)
+    with pytest.raises(PermissionError) as caught:
+        read_all(proxy_options, FAST)
+    assert URL in str(caught.value) and "access denied" in str(caught.value)
+    assert fault_proxy.count("GET", KEY) == 2  # the presigned GET, then get_object
