@@ -332,3 +332,14 @@ def test_access_denied_for_real_is_not_retried(
         read_all(proxy_options, FAST)
     assert URL in str(caught.value) and "access denied" in str(caught.value)
     assert fault_proxy.count("GET", KEY) == 2  # the presigned GET, then get_object
+
+
+def test_keys_needing_escapes_read_through_presigned_urls(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    url = f"s3://{BUCKET}/odd names/a b+c=d&e/shärd 1%.tar"
+    blob = payload(3 * 2**20 + 5, seed=9)
+    moto_fs.pipe(url, blob)
+    with Store(url, proxy_options, FAST).open_read() as stream:
+        assert stream.read() == blob
+    assert any("X-Amz-Signature" in t for m, t in fault_proxy.requests if m == "GET")
