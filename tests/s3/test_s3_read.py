@@ -343,3 +343,15 @@ def test_keys_needing_escapes_read_through_presigned_urls(
     with Store(url, proxy_options, FAST).open_read() as stream:
         assert stream.read() == blob
     assert any("X-Amz-Signature" in t for m, t in fault_proxy.requests if m == "GET")
+
+
+def test_anonymous_reads_send_unsigned_gets(
+    data: bytes, moto_fs: Any, fault_proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto_fs.call_s3("put_object_acl", Bucket=BUCKET, Key=KEY.split("/", 2)[2], ACL="public-read")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    anonymous = {"endpoint_url": fault_proxy.endpoint_url, "anon": True}
+    assert read_all(anonymous, FAST) == data
+    gets = [t for m, t in fault_proxy.requests if m == "GET" and KEY in t]
+    assert gets and not any("Signature" in t or "Credential" in t for t in gets)
