@@ -15,10 +15,11 @@ somebody holds.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from typing import Any
+
+from shardstream.storage.processlocal import ProcessLocal
 
 __all__ = ["RECEIVE_BUFFERS", "ReceiveBuffers", "recycle"]
 
@@ -58,13 +59,11 @@ class ReceiveBuffers:
         self.max_bytes = max_bytes
         self._free: list[bytearray] = []
         self._lock = threading.Lock()
-        self._pid = os.getpid()
         self.reused = 0  # takes answered with a kept buffer (tests and tuning read it)
 
     def take(self, size: int) -> bytearray:
         """A buffer of at least ``size`` bytes (and at most about twice that), reused if any."""
         with self._lock:
-            self._forget_after_fork()
             fitting = [b for b in self._free if size <= len(b) <= 2 * size + _ROUND_BYTES]
             if fitting:
                 buffer = min(fitting, key=len)
@@ -76,7 +75,6 @@ class ReceiveBuffers:
     def give(self, buffer: bytearray) -> None:
         """Keep ``buffer`` for a later :meth:`take` (dropped when the pool is full)."""
         with self._lock:
-            self._forget_after_fork()
             if sum(map(len, self._free)) + len(buffer) <= self.max_bytes:
                 self._free.append(buffer)
 
@@ -86,17 +84,14 @@ class ReceiveBuffers:
         with self._lock:
             return sum(map(len, self._free))
 
-    def _forget_after_fork(self) -> None:
-        if os.getpid() != self._pid:  # a forked child starts empty
-            self._free, self._pid, self.reused = [], os.getpid(), 0
 
-
-#: The process's pool: enough for a few GETs in flight per open stream.
-RECEIVE_BUFFERS = ReceiveBuffers(max_bytes=48 * 2**20)
+#: Each process's pool (a forked child starts empty): enough for a few GETs in flight per
+#: open stream.
+RECEIVE_BUFFERS: ProcessLocal[ReceiveBuffers] = ProcessLocal(lambda: ReceiveBuffers(48 * 2**20))
 
 
 def recycle(chunk: Any) -> None:
-    """Give ``chunk`` 's buffer back to :data:`RECEIVE_BUFFERS` if nothing else can see it.
+    """Give ``chunk`` 's buffer back to this process's pool if nothing else can see it.
 
     Call it with the chunk as a temporary (``recycle(self._take_chunk())``) once the caller
     holds no other reference and no view of it. Anything else (``bytes``, a view someone else
@@ -110,4 +105,4 @@ def recycle(chunk: Any) -> None:
     chunk.release()  # drops this view's export: the buffer is free once no other view remains
     del chunk
     if sys.getrefcount(buffer) <= _LOCAL_REFS:
-        RECEIVE_BUFFERS.give(buffer)
+        RECEIVE_BUFFERS.get().give(buffer)

@@ -17,10 +17,11 @@ what a group no longer needs, so nothing announced and never opened lingers.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import IO, Any
+
+from shardstream.storage.processlocal import ProcessLocal
 
 __all__ = ["PrefetchQueue", "forget", "process_queue", "range_key", "take"]
 
@@ -113,19 +114,14 @@ class PrefetchQueue:
                 self._ready[key] = (group, size, stream)
 
 
-_queues: dict[int, PrefetchQueue] = {}
-_queues_lock = threading.Lock()
+_queue: ProcessLocal[PrefetchQueue] = ProcessLocal(lambda: PrefetchQueue(0))
 
 
 def process_queue(budget_bytes: int) -> PrefetchQueue:
     """This process's queue (a forked child gets its own), its budget raised to at least this."""
-    with _queues_lock:
-        queue = _queues.get(os.getpid())
-        if queue is None:
-            _queues.clear()  # a parent's streams belong to the parent
-            queue = _queues[os.getpid()] = PrefetchQueue(budget_bytes)
-        queue.budget_bytes = max(queue.budget_bytes, budget_bytes)
-        return queue
+    queue = _queue.get()
+    queue.budget_bytes = max(queue.budget_bytes, budget_bytes)
+    return queue
 
 
 def range_key(fs: Any, path: str, start: int, end: int) -> Hashable:
@@ -135,12 +131,12 @@ def range_key(fs: Any, path: str, start: int, end: int) -> Hashable:
 
 def take(key: Hashable) -> IO[bytes] | None:
     """This process's stream opened ahead for ``key`` (see :meth:`PrefetchQueue.take`)."""
-    queue = _queues.get(os.getpid())
+    queue = _queue.peek()
     return None if queue is None else queue.take(key)
 
 
 def forget(group: Hashable) -> None:
     """Drop this process's announcements of ``group`` (see :meth:`PrefetchQueue.forget`)."""
-    queue = _queues.get(os.getpid())
+    queue = _queue.peek()
     if queue is not None:
         queue.forget(group)

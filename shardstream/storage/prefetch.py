@@ -21,10 +21,10 @@ read_ahead_bytes``); the pool adds at most ``max_requests`` requests in flight p
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Callable
 
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranged import Chunk
 
 __all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "shared_pool"]
@@ -126,19 +126,14 @@ class FetchPool:
             job.run()
 
 
-_pools: dict[int, FetchPool] = {}
-_pools_lock = threading.Lock()
+_pool: ProcessLocal[FetchPool] = ProcessLocal(lambda: FetchPool(1))
 
 
 def shared_pool(max_threads: int) -> FetchPool:
     """This process's pool (a forked child gets its own), grown to ``max_threads`` if smaller."""
-    with _pools_lock:
-        pool = _pools.get(os.getpid())
-        if pool is None:
-            _pools.clear()  # a parent's pool: its threads do not exist in this process
-            pool = _pools[os.getpid()] = FetchPool(max_threads)
-        pool.max_threads = max(pool.max_threads, max_threads)
-        return pool
+    pool = _pool.get()
+    pool.max_threads = max(pool.max_threads, max_threads)
+    return pool
 
 
 class SpanPrefetcher:

@@ -90,7 +90,6 @@ class S3Source:
     def __init__(self, fs: Any, path: str, timeout_s: float, client: Any = None) -> None:
         self.fs, self.timeout_s, self.client = fs, timeout_s, client
         self.bucket, self.key, version = fs.split_path(path)
-        self._version = {"VersionId": version} if version else {}
         self._version_id: str | None = version or None
         self._presigned = PresignedGets.for_client(client) if client is not None else None
         self.etag: str | None = None
@@ -99,18 +98,33 @@ class S3Source:
     async def _call(self, method: str, **kwargs: Any) -> Any:
         await self.fs.set_session()
         client = await self.fs.get_s3(self.bucket)
-        call = getattr(client, method)(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
+        call = getattr(client, method)(**self._names(), **kwargs)
         return await asyncio.wait_for(call, self.timeout_s)
 
     def _request(self, method: str, **kwargs: Any) -> Any:
         if self.client is not None:
-            call = getattr(self.client, method)
-            return call(Bucket=self.bucket, Key=self.key, **self._version, **kwargs)
+            return getattr(self.client, method)(**self._names(), **kwargs)
         return sync(self.fs.loop, self._call, method, **kwargs)
 
-    def _open_presigned(self, offset: int, end: int) -> SyncS3Body:
-        assert self._presigned is not None
-        return _open_presigned_body(self, self._presigned, offset, end)
+    def _names(self) -> dict[str, str]:
+        names = {"Bucket": self.bucket, "Key": self.key}
+        return {**names, "VersionId": self._version_id} if self._version_id else names
+
+    def _if_match(self) -> dict[str, str]:
+        # A resumed read must never splice two versions of a rewritten object.
+        return {"IfMatch": self.etag} if self.etag else {}
+
+    def _presigned_get(self, presigned: PresignedGets, byte_range: str) -> tuple[Any, Any]:
+        """``(fields, body)`` of a GET on the object's presigned URL; a refused URL (expired,
+        credentials rotated since it was signed) is answered once by ``get_object``."""
+        headers = {"Range": byte_range, **({"If-Match": self.etag} if self.etag else {})}
+        try:
+            return presigned.get(self.bucket, self.key, self._version_id, headers)
+        except Exception as exc:
+            if client_error_code(exc)[1] != 403:
+                raise
+        response = self._request("get_object", Range=byte_range, **self._if_match())
+        return response, response["Body"]
 
     def stat(self) -> tuple[int, str | None]:
         """The object's size and ETag (a HEAD request)."""
@@ -121,12 +135,13 @@ class S3Source:
 
     def open_body(self, offset: int, end: int) -> SyncS3Body | _S3Body | _EmptyBody:
         """Start a GET of bytes ``[offset, end)``; learn the size and ETag from its answer."""
-        # If-Match: a resumed read must never splice two versions of a rewritten object.
-        match = {"IfMatch": self.etag} if self.etag else {}
+        byte_range = f"bytes={offset}-{end - 1}"
         try:
             if self._presigned is not None:
-                return self._open_presigned(offset, end)
-            response = self._request("get_object", Range=f"bytes={offset}-{end - 1}", **match)
+                response, body = self._presigned_get(self._presigned, byte_range)
+            else:
+                response = self._request("get_object", Range=byte_range, **self._if_match())
+                body = response["Body"]
         except Exception as exc:
             if client_error_code(exc)[0] != "InvalidRange":
                 raise
@@ -135,28 +150,8 @@ class S3Source:
         self.etag = self.etag or response.get("ETag")
         self.total_size = _total_size(response, offset)
         if self.client is not None:
-            return SyncS3Body(response["Body"])
-        return _S3Body(self.fs, response["Body"], self.timeout_s)
-
-
-def _open_presigned_body(
-    source: S3Source, presigned: PresignedGets, offset: int, end: int
-) -> SyncS3Body:
-    headers = {"Range": f"bytes={offset}-{end - 1}"}
-    if source.etag:
-        headers["If-Match"] = source.etag
-    try:
-        fields, raw = presigned.get(source.bucket, source.key, source._version_id, headers)
-    except Exception as exc:
-        if client_error_code(exc)[1] != 403:
-            raise
-        # The URL's credentials may have expired: sign anew through botocore, once.
-        match = {"IfMatch": source.etag} if source.etag else {}
-        response = source._request("get_object", Range=headers["Range"], **match)
-        fields, raw = response, response["Body"]
-    source.etag = source.etag or fields.get("ETag")
-    source.total_size = _total_size(fields, offset)
-    return SyncS3Body(raw)
+            return SyncS3Body(body)
+        return _S3Body(self.fs, body, self.timeout_s)
 
 
 def _total_size(response: Mapping[str, Any], offset: int) -> int:

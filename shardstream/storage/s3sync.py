@@ -141,7 +141,8 @@ class SyncS3Body:
         if self._fp is None or not hasattr(self._fp, "readinto"):
             return bytearray(self._body.read(num_bytes))  # pragma: no cover - other transports
         pooled = num_bytes >= MIN_POOLED_BYTES
-        buffer = RECEIVE_BUFFERS.take(num_bytes) if pooled else bytearray(num_bytes)
+        buffers = RECEIVE_BUFFERS.get()
+        buffer = buffers.take(num_bytes) if pooled else bytearray(num_bytes)
         view = memoryview(buffer)
         received = 0
         try:
@@ -161,7 +162,7 @@ class SyncS3Body:
             self._raw.close()  # a broken connection is never reused, nor left for the GC
         if self._error is not None and not received:
             if pooled:
-                RECEIVE_BUFFERS.give(buffer)
+                buffers.give(buffer)
             error, self._error = self._error, None
             raise error
         if pooled:

@@ -141,15 +141,6 @@ class S3Upload:
             self._retried("aborting the upload", 0, lambda: self._request(
                 "abort_multipart_upload", UploadId=upload_id), stoppable=False)  # fmt: skip
 
-    def __enter__(self) -> S3Upload:
-        return self
-
-    def __exit__(self, kind: Any, *rest: Any) -> None:
-        if kind is None:
-            self.close()
-        else:
-            self.discard()
-
     # -- parts ---------------------------------------------------------------------------------
 
     def _send_part(self) -> None:
@@ -176,14 +167,14 @@ class S3Upload:
         self._done.append(self._parts.popleft().result())
 
     def _complete(self) -> None:
-        parts = {"Parts": self._done}
-        upload_id = self._upload_id
+        parts, upload_id = self._done, self._upload_id
 
         def complete() -> Any:
             try:
                 return self._request(
-                    "complete_multipart_upload", UploadId=upload_id, MultipartUpload=parts
-                )
+                    "complete_multipart_upload", UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                )  # fmt: skip
             except Exception as exc:
                 # An earlier try completed it and only its answer was lost: accept that.
                 if client_error_code(exc)[0] != "NoSuchUpload" or not self._exists(len(parts)):

@@ -281,13 +281,13 @@ def test_ranged_read_past_the_end_of_a_shorter_object(
 def test_receive_buffers_are_reused_across_gets(
     moto_fs: Any, storage_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import shardstream.storage.s3sync as s3sync
     from shardstream.storage import buffers
+    from shardstream.storage.processlocal import ProcessLocal
 
     pool = buffers.ReceiveBuffers(max_bytes=64 * 2**20)
-    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", pool)
-    import shardstream.storage.s3sync as s3sync
-
-    monkeypatch.setattr(s3sync, "RECEIVE_BUFFERS", pool)
+    for module in (buffers, s3sync):
+        monkeypatch.setattr(module, "RECEIVE_BUFFERS", ProcessLocal(lambda: pool))
     blob = payload(40 * 2**20 + 777, seed=3)
     moto_fs.pipe(URL, blob)
     plain = ReadOptions(read_ahead_bytes=0)  # one 8 MiB GET after another, in this thread

@@ -9,6 +9,7 @@ import pytest
 
 from shardstream.storage import buffers
 from shardstream.storage.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranged import RemoteStream
 
 SIZE = 2 * MIN_POOLED_BYTES
@@ -17,7 +18,7 @@ SIZE = 2 * MIN_POOLED_BYTES
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> ReceiveBuffers:
     fresh = ReceiveBuffers(max_bytes=8 * SIZE)
-    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", fresh)
+    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", ProcessLocal(lambda: fresh))
     return fresh
 
 
