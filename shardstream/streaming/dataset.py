@@ -106,6 +106,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.mixture: Mixture | None = None
         self.manifest: Manifest | None = None
         self.shards = self._resolve(source)
+        self.settings = self.settings.with_facts(self.shards.facts())
         self.convert = SampleConverter(
             decode, transform, self.options.output, self.options.allow_pickle,
             batch_size is not None,
@@ -245,7 +246,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 running.start,
             )  # fmt: skip
             return run_whole_shards(
-                whole, reader, batcher, stats, self.options.num_open,
+                whole, reader, batcher, stats, self.settings.open_shards,
                 self.options.shuffle_buffer, self.settings.shuffle,
             )  # fmt: skip
         ranks = plan_ranks(running.plan.layout.world_size, context.world_size, context.rank)
