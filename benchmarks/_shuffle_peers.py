@@ -138,10 +138,10 @@ def unavailable_reason(peer: str) -> str | None:
 
 
 @contextlib.contextmanager
-def single_rank_env() -> Iterator[None]:
-    """Set the distributed variables of one process of rank 0, restoring them afterwards."""
-    saved = {name: os.environ.get(name) for name in SINGLE_RANK_ENV}
-    os.environ.update(SINGLE_RANK_ENV)
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables inside the block, restoring the previous values afterwards."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -210,7 +210,8 @@ def write_webdataset(x: np.ndarray, y: np.ndarray, folder: str | Path, per_shard
     _start_writing(folder)
     folder.mkdir()
     pattern = str(folder / "shard-%06d.tar")
-    with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0) as sink:
+    # An integer mtime keeps tarfile from adding a PAX header to every member (float mtime).
+    with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0, mtime=0) as sink:
         for position in range(len(x)):
             sink.write({"__key__": f"{position:09d}", "npy": x[position], "cls": int(y[position])})
     _finish_writing(folder, len(x), per_shard)
@@ -284,7 +285,7 @@ def run_mosaic(
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    with single_rank_env():
+    with environment(SINGLE_RANK_ENV):
         clean_stale_shared_memory()
         try:
             dataset = StreamingDataset(
@@ -334,20 +335,29 @@ def write_litdata(x: np.ndarray, y: np.ndarray, folder: str | Path, per_shard: i
     ]
     # optimize() forces the process-wide start method (spawn by default); put it back after.
     start_method = multiprocessing.get_start_method(allow_none=True)
-    try:
-        with single_rank_env():
-            litdata.optimize(
-                fn=_litdata_items,
-                inputs=shards,
-                output_dir=str(folder),
-                chunk_size=per_shard,
-                num_workers=1,
-                keep_data_ordered=True,
-                start_method="fork",
-                verbose=False,
-            )
-    finally:
-        multiprocessing.set_start_method(start_method, force=True)
+    # optimize() stages chunks in $TMPDIR/chunks and $TMPDIR/data unless told otherwise: use a
+    # private folder so that two writes at once cannot mix. It also sets
+    # DATA_OPTIMIZER_NUM_WORKERS in this process; listing it here restores it afterwards.
+    with tempfile.TemporaryDirectory(prefix="litdata-optimize-") as staging:
+        staging_env = {
+            "DATA_OPTIMIZER_CACHE_FOLDER": f"{staging}/chunks",
+            "DATA_OPTIMIZER_DATA_CACHE_FOLDER": f"{staging}/data",
+            "DATA_OPTIMIZER_NUM_WORKERS": "1",
+        }
+        try:
+            with environment({**SINGLE_RANK_ENV, **staging_env}):
+                litdata.optimize(
+                    fn=_litdata_items,
+                    inputs=shards,
+                    output_dir=str(folder),
+                    chunk_size=per_shard,
+                    num_workers=1,
+                    keep_data_ordered=True,
+                    start_method="fork",
+                    verbose=False,
+                )
+        finally:
+            multiprocessing.set_start_method(start_method, force=True)
     chunk_sizes = [chunk["chunk_size"] for chunk in _read_index(folder)["chunks"]]
     _check_shard_sizes(folder, chunk_sizes, per_shard)
     _finish_writing(folder, len(x), per_shard)
@@ -364,7 +374,10 @@ def run_litdata(
     """
     import litdata
 
-    with single_rank_env(), tempfile.TemporaryDirectory(prefix="litdata-cache-") as cache:
+    with (
+        environment(SINGLE_RANK_ENV),
+        tempfile.TemporaryDirectory(prefix="litdata-cache-") as cache,
+    ):
         dataset = litdata.StreamingDataset(str(folder), shuffle=True, seed=seed, cache_dir=cache)
         loader = litdata.StreamingDataLoader(
             dataset, batch_size=batch_size, num_workers=num_workers
