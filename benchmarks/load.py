@@ -4,7 +4,8 @@ One ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) is 
 shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch in
 a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode) and
 "train" (decode + RandomResizedCrop(224) + flip + float tensor normalised with ImageNet's mean and
-std); raw mode also runs shardstream with ``memory_map=False``. "limit" decodes and transforms
+std); raw mode also runs shardstream with ``memory_map=False`` and with the whole-shard order of
+0.2 (what the default order's mixing costs). "limit" decodes and transforms
 bytes already in memory in a tight loop (one core; scaled by the worker count for ratios). Peak
 memory is the sum of RSS over the process and its DataLoader workers, sampled; it counts shared
 memory in every process that maps it, and the page-cache pages of memory-mapped shards. CPU
@@ -43,9 +44,12 @@ from _extra import class_mix, report_extra, startup
 from _measure import BATCH, PeakRss, cpu_seconds
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+#: The order of shardstream 0.2: whole shards, 64 lanes of 64 samples (less mixed, fewer reads).
+WHOLE_SHARDS = {"chunk_size": 0, "num_open": 64, "piece_size": 64}
 LABELS = {
     "shardstream-fastjpeg": "shardstream[fastjpeg]",
     "shardstream-read": "shardstream, memory_map=False",
+    "shardstream-shards": "shardstream, whole shards (0.2's order)",
     "shardstream-stats": "shardstream, stats=True",
     "dali": "DALI CPU",
 }
@@ -103,6 +107,7 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         batch_size=BATCH,
         options=StreamOptions(
             memory_map=row != "shardstream-read",
+            **(WHOLE_SHARDS if row == "shardstream-shards" else {}),
             **({"stats": True} if row == "shardstream-stats" else {}),  # older releases: no stats
         ),
     )
@@ -314,7 +319,7 @@ def rows_for(mode: str, paths: dict) -> list[str]:
         rows.append("dali")
     rows.append("shardstream")
     if mode == "raw":
-        rows += ["shardstream-read", "shardstream-stats"]
+        rows += ["shardstream-read", "shardstream-shards", "shardstream-stats"]
     if mode == "train" and has_nvimgcodec():
         rows.append("shardstream-fastjpeg")
     return rows

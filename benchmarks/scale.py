@@ -273,7 +273,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--huge", type=int, default=10_000_000)
     parser.add_argument("--verify-shards", type=int, default=2000)
-    parser.add_argument("--build-shards", type=int, default=100_000)
+    parser.add_argument("--build-shards", type=int, default=100_000, help="0 skips the build rows")
     parser.add_argument("--data", type=Path, default=DATA_ROOT / "scale")
     args = parser.parse_args()
     root = args.data / f"sim-{args.shards}x{args.per_shard}"
@@ -290,7 +290,8 @@ def main() -> None:
     }
     print_loading(results, args)
     print_manifests(root, args)
-    print_build(args)
+    if args.build_shards:  # 0 skips the (slow) build rows
+        print_build(args)
 
 
 def print_loading(results: dict, args: argparse.Namespace) -> None:

@@ -25,10 +25,25 @@ def add_bench(subparsers: Any) -> None:
     parser.add_argument("--batches", type=int, default=None, metavar="N", help="stop after N")
     parser.add_argument("--seconds", type=float, default=30.0, help="stop after about S s")
     parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.add_argument(
+        "--shuffle", action="store_true",
+        help="measure how mixed the batches are against a random permutation (reads labels)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--label", metavar="KEY", default=None,
+        help="with --shuffle: the member holding the class (default: .cls/.label/.class)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ranks", type=int, default=1, metavar="N",
+        help="with --shuffle: split the epoch over N ranks and read rank 0",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="with --shuffle: the loader's seed")
     add_common(parser, _run_bench)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
+    if args.shuffle:
+        return _run_mix_check(args)
     from shardstream.streaming.bench import BenchOptions, format_report, run_bench
     from shardstream.streaming.options import StreamOptions
 
@@ -47,4 +62,29 @@ def _run_bench(args: argparse.Namespace) -> int:
     else:
         print(f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}")
         print(format_report(summary))
+    return 0
+
+
+def _run_mix_check(args: argparse.Namespace) -> int:
+    from shardstream.streaming.mixcheck import MixCheckOptions, check_mix, format_mix_report
+    from shardstream.streaming.options import StreamOptions
+
+    options = MixCheckOptions(
+        workers=args.workers, batch_size=args.batch_size, world_size=args.ranks,
+        batches=args.batches, label=args.label, seed=args.seed,
+    )  # fmt: skip
+    stream = StreamOptions(storage_options=storage_options(args))
+    with progress_updates(args.quiet or args.json, unit="batches") as update:
+        summary = check_mix(
+            args.dataset, options, stream_options=stream,
+            progress=(lambda done: update(done, 0, options.batches, None)) if update else None,
+        )  # fmt: skip
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"{args.dataset}: batches of {args.batch_size}, {args.workers} workers, rank 0 of "
+            f"{args.ranks}, seed {args.seed}"
+        )
+        print(format_mix_report(summary))
     return 0

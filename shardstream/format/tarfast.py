@@ -37,6 +37,7 @@ from shardstream.format.tarheader import (
     parse_pax,
 )
 from shardstream.format.tarreader import FILE_TYPES, Sample
+from shardstream.storage.limits import file_budget
 
 __all__ = [
     "MAP_WINDOW_BYTES",
@@ -52,7 +53,7 @@ MAP_WINDOW_BYTES = 1 << 20
 
 
 class _MapBudget:
-    """Live memory maps of this process, at most half its open-file limit.
+    """Live memory maps of this process, at most half its open-file budget.
 
     Python's ``mmap`` keeps a duplicate of the file descriptor for as long as the map lives, so
     every live map holds an open file. A worker reading from hundreds of places at once would
@@ -68,7 +69,7 @@ class _MapBudget:
     def take(self) -> bool:
         with self._lock:
             if self.limit is None:
-                self.limit = _budget_of_limit()
+                self.limit = file_budget(0.5, 4096)
             if self.live >= self.limit:
                 return False
             self.live += 1
@@ -77,18 +78,6 @@ class _MapBudget:
     def give_back(self) -> None:
         with self._lock:
             self.live -= 1
-
-
-def _budget_of_limit() -> int:
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):  # no resource module: stay modest
-        return 256
-    if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(0, min(4096, soft // 2 - 32))
 
 
 _MAPS = _MapBudget()

@@ -10,6 +10,7 @@ and the reader name files relative to it. Behind it, each file does one job:
 - ``readahead.py``: background prefetch of the next chunks;
 - ``retry.py``: retries with backoff and the classification of storage errors;
 - ``cache.py``: the local shard cache shared by DataLoader workers;
+- ``limits.py``: how many files a process may keep open;
 - ``redact.py``: keeping credentials out of every message.
 """
 

@@ -16,6 +16,7 @@ from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
 from shardstream.storage import files
+from shardstream.storage.limits import too_many_open_files
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
 from shardstream.storage.ranged import BoundedFile
 from shardstream.storage.redact import redact_url, secret_values
@@ -175,7 +176,10 @@ class Store:
             ...     header = f.read(512)
         """
         if is_local_url(self.url(name)):
-            stream = open(self._local_path(name), "rb")  # noqa: SIM115 - returned to the caller
+            try:
+                stream = open(self._local_path(name), "rb")  # noqa: SIM115 - returned
+            except OSError as error:
+                raise too_many_open_files(error, self.shown(name)) from error
             if start:
                 stream.seek(start)
             return cast(IO[bytes], stream if end is None else BoundedFile(stream, end))

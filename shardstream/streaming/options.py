@@ -31,8 +31,8 @@ class StreamOptions:
             seeded random place of the dataset (see :mod:`shardstream.streaming.planning.chunks`),
             so shards written in class order still give every rank and worker the whole
             dataset's mix all epoch long. 0 reads whole shards in a shuffled order (the order
-            of releases before 0.3). None chooses from the dataset: 64 samples for indexed
-            shards (at least a piece remotely), 0 without indexes.
+            of releases before 0.3). None chooses from the dataset: a piece for indexed
+            shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
             (counted datasets are ordered by their windows and need no buffer).

@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.storage.limits import file_budget
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.order import (
     DatasetFacts,
@@ -82,8 +83,10 @@ class Settings:
 
     @property
     def open_shards(self) -> int:
-        """Shards a worker reads at once without a manifest."""
-        return choose_open_shards(self.facts, self.options.num_open)
+        """Shards a worker reads at once without a manifest (within a quarter of the files
+        the process may open: each open shard holds one)."""
+        return max(1, min(choose_open_shards(self.facts, self.options.num_open),
+                          file_budget(0.25, 4096)))  # fmt: skip
 
     @functools.cached_property
     def plan(self) -> PlanOptions:
@@ -109,7 +112,8 @@ class Settings:
         options = self.options
         return ReadSettings(
             options.max_member_bytes, options.memory_map, self.on_error, tag_streams,
-            max(8, self.order.num_open),
+            max(8, min(self.order.num_open, file_budget(0.25, 4096))),
+            max(256, 2 * self.order.num_open),
         )  # fmt: skip
 
     def plan_layout(self, physical: Layout) -> Layout:

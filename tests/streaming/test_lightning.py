@@ -46,11 +46,16 @@ def test_lightning_ddp_resumes_mid_epoch_exactly(tmp_path: pathlib.Path) -> None
     (checkpoint,) = (tmp_path / "stopped" / "checkpoints").iterdir()
     assert "step=9" in checkpoint.name
     resumed = _run(tmp_path, "resumed", "--resume", str(checkpoint))
+    epochs: list[list[list[str]]] = [[], []]  # per epoch, per rank: the keys read
     for rank in range(2):
         assert sorted(full[rank]) == list(range(14))  # 50 samples per rank, batch 8: 7 a epoch
         assert stopped[rank] == {s: full[rank][s] for s in range(9)}
         assert resumed[rank] == {s: full[rank][s] for s in range(9, 14)}, f"rank {rank}"
-        epochs = [[k for s in range(e * 7, e * 7 + 7) for k in full[rank][s]] for e in (0, 1)]
-        assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])  # moved on
-    assert not set(full[0][0]) & set(full[1][0]), "ranks read different samples"
+        for epoch in (0, 1):
+            steps = range(epoch * 7, epoch * 7 + 7)
+            epochs[epoch].append([key for step in steps for key in full[rank][step]])
+    for ranks in epochs:  # every epoch: the ranks split the 100 samples between them
+        assert not set(ranks[0]) & set(ranks[1]), "ranks read different samples"
+        assert len(set(ranks[0]) | set(ranks[1])) == 100
+    assert epochs[0] != epochs[1]  # the second epoch moved on to another order
     assert os.path.getsize(checkpoint) > 0

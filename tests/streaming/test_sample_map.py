@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from shardstream.format.tarfast import SampleMap, parse_plain_sample
 from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
+from shardstream.streaming.worker import shortpiece
 from shardstream.streaming.worker.pieces import HandlePool, read_piece
 from tests.streaming.shards import make_dataset, sample_offsets, tiny_jpeg
 
@@ -36,6 +37,23 @@ def _read(path: pathlib.Path, offsets: list[int], memory_map: bool) -> list[dict
     return list(read_piece(pool, path.name, 0, None, None, offsets, memory_map=memory_map))
 
 
+@pytest.fixture(autouse=True)
+def _map_small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These shards are tiny: map their pieces too (a piece under 64 KiB is copied)."""
+    monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 0)
+
+
+def test_pieces_under_the_copy_size_are_copied_not_mapped(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 64 << 10)
+    path, offsets = _shard(tmp_path)
+    copied = _read(path, offsets, True)
+    assert [s["jpg"] for s in copied] == [tiny_jpeg(i) for i in range(9)]
+    assert all(isinstance(s["jpg"].obj, np.ndarray) for s in copied)
+    assert len({id(s["jpg"].obj) for s in copied}) == 1  # one read for the whole piece
+
+
 def test_mapped_samples_equal_read_samples_and_share_the_page_cache(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -43,7 +61,7 @@ def test_mapped_samples_equal_read_samples_and_share_the_page_cache(
     mapped, read = _read(path, offsets, True), _read(path, offsets, False)
     assert mapped == read and [s["jpg"] for s in mapped] == [tiny_jpeg(i) for i in range(9)]
     assert all(isinstance(s["jpg"].obj, mmap.mmap) for s in mapped)  # views of the mapping
-    assert all(isinstance(s["jpg"].obj, np.ndarray) for s in read)  # one buffer per sample
+    assert all(isinstance(s["jpg"].obj, np.ndarray) for s in read)  # a short piece: one read
     assert len({id(s["jpg"].obj) for s in mapped}) == 1  # one window for this small piece
 
 

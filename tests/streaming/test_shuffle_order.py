@@ -16,6 +16,7 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from shardstream.streaming.mixmetrics import random_distinct, spearman
 from shardstream.streaming.planning.chunks import ChunkOrder, ChunkSequence, epoch_sequence
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence
 from shardstream.streaming.planning.order import DatasetFacts, choose_order
@@ -28,15 +29,6 @@ from tests.streaming.shards import make_dataset
 
 CLASSES, PER_CLASS, BATCH = 200, 1000, 64
 LOCAL = choose_order(DatasetFacts(indexed=True, local=True, mean_sample_bytes=1e5))
-
-
-def _expected_random_distinct(class_sizes: np.ndarray, batch: int) -> float:
-    """Mean distinct classes in a batch of a uniformly random permutation (exact)."""
-    total = int(class_sizes.sum())
-    # P(class c absent from a batch) = C(total - n_c, batch) / C(total, batch)
-    steps = np.arange(batch)
-    absent = [np.prod((total - size - steps) / (total - steps)) for size in class_sizes]
-    return float(len(class_sizes) - np.sum(absent))
 
 
 def _options(**changes: int) -> PlanOptions:
@@ -58,11 +50,9 @@ def _measure(world: int, workers: int, options: PlanOptions) -> tuple[float, flo
             distinct.append(len(np.unique(written // PER_CLASS)))
             positions.append(written)
     read = np.concatenate(positions)
-    random = _expected_random_distinct(np.full(CLASSES, PER_CLASS), BATCH)
-    ranks = np.argsort(np.argsort(read))
-    spearman = float(np.corrcoef(ranks, np.arange(len(read)))[0, 1])
+    random = random_distinct(np.full(CLASSES, PER_CLASS), BATCH)
     assert len(np.unique(read)) == len(read) == CLASSES * PER_CLASS  # exact: each sample once
-    return float(np.mean(distinct)) / random, spearman, len(read)
+    return float(np.mean(distinct)) / random, spearman(read), len(read)
 
 
 @pytest.mark.parametrize(("world", "workers"), [(1, 1), (1, 2), (1, 8), (4, 2)])
@@ -80,16 +70,19 @@ def test_whole_shard_order_of_earlier_releases_mixes_less() -> None:
     assert ratio < 0.8
 
 
-def test_mixture_of_two_class_ordered_datasets_mixes_too() -> None:
+@pytest.mark.parametrize("share", [0.5, 0.6])
+def test_mixture_of_two_class_ordered_datasets_mixes_too(share: float) -> None:
+    """Also at 50/50, whose evenly alternating runs would otherwise align with the lanes."""
     options = _options()
     counts = np.full(100, 1000)
-    streams = [MixedStream(0, counts, 60_000, 11), MixedStream(100, counts, 40_000, 12)]
+    first = int(share * 100_000)
+    streams = [MixedStream(0, counts, first, 11), MixedStream(100, counts, 100_000 - first, 12)]
     sequence = MixtureSequence(streams, 0, options)
     plan = PassPlan(sequence, Shape.of(sequence.length, Layout(1, 2, BATCH), options),
                     options, 0, 0)  # fmt: skip
     distinct = [len(np.unique(shards)) for shards, _ in planned_batches(plan, 0)]
-    # Each epoch takes 600 samples of each of A's 100 shards and 400 of each of B's.
-    random = _expected_random_distinct(np.repeat([600, 400], 100), BATCH)
+    # Each epoch takes first / 100 samples of each of A's shards, the rest of B's.
+    random = random_distinct(np.repeat([first // 100, 1000 - first // 100], 100), BATCH)
     assert np.mean(distinct) / random >= 0.9
 
 

@@ -12,7 +12,8 @@ chunk is still read front to back (one ranged read, or one memory map, per piece
 
 The order is a keyed Feistel network over the chunk numbers, walked in cycles until it lands
 inside the range: a bijection computed per chunk in a few microseconds, with no permutation
-table, so its cost does not grow with the dataset (a billion samples are 16 million chunks).
+table, so its cost does not grow with the dataset (a billion samples in chunks of 4 are 250
+million chunks).
 The last, shorter chunk stays at the end, so every other chunk has the same length and a
 position's chunk is a division.
 """
@@ -63,6 +64,10 @@ class ChunkOrder:
         """The order for ``num_chunks`` chunks drawn from the seed sequence ``seed``."""
         keys = np.random.default_rng([*seed, _CHUNK_TAG]).integers(0, 1 << 62, _ROUNDS)
         return cls(num_chunks, [int(key) for key in keys])
+
+    def salted(self, salt: int) -> ChunkOrder:
+        """Another order of the same size, from this one's keys and ``salt`` (cheap: no RNG)."""
+        return ChunkOrder(self.num_chunks, [_mix(key ^ salt) for key in self._keys])
 
     def _once(self, value: int) -> int:
         half, mask = self._half, self._half_mask

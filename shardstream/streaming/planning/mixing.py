@@ -13,6 +13,12 @@ streams in which every node spreads its two sides' runs evenly (``floor``-based,
 offset per node and epoch). Every stretch of the sequence therefore holds each stream's share to
 within a run, and the run at any position is found by descending the tree, so the mixture costs
 time and memory per stream and per shard, never per sample.
+
+With the chunked order (``chunk_size > 0``) the runs of each block of 64 are then put in a
+seeded order: an even spread is periodic (A, B, A, B for two halves), and a period that divides
+a unit's pieces would give every window of a worker stream the runs of one stream only, since
+a window takes the same offset of every lane's unit. Each stretch of 64 runs still holds every
+stream's share to within a run.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.chunks import ChunkOrder, epoch_sequence
 from shardstream.streaming.planning.sequence import BaseSequence, Run, last_at_most
 from shardstream.streaming.planning.split import PlanOptions
 
 __all__ = ["MixedStream", "MixtureSequence", "stream_quotas"]
+
+_BLOCK_RUNS = 64
 
 
 def stream_quotas(
@@ -143,6 +151,25 @@ class MixtureSequence:
         )
         self._last_slots = np.array([slot for slot, _ in last], dtype=np.int64)
         self._deficits = np.cumsum([0] + [short for _, short in last], dtype=np.int64)
+        self._num_slots = sum(self.num_runs)
+        self._blocks = (
+            ChunkOrder.seeded(_BLOCK_RUNS, [options.seed, epoch, 0xB10C])
+            if options.shuffle and options.chunk_size > 0
+            else None
+        )
+
+    def _content(self, slot: int) -> int:
+        """The slot whose run sits at ``slot``: shuffled within its block of full runs."""
+        if self._blocks is None:
+            return slot
+        block, offset = divmod(slot, _BLOCK_RUNS)
+        first = block * _BLOCK_RUNS
+        if first + _BLOCK_RUNS > self._num_slots:
+            return slot  # the last, partial block
+        short = int(np.searchsorted(self._last_slots, first, side="left"))
+        if short < len(self._last_slots) and self._last_slots[short] < first + _BLOCK_RUNS:
+            return slot  # a block holding a stream's short last run keeps its positions
+        return first + self._blocks.salted(block)(offset)
 
     def _build(self, streams: list[int], rng: np.random.Generator | None) -> _Node | int:
         if len(streams) == 1:
@@ -220,7 +247,7 @@ class MixtureSequence:
         position = start
         while position < stop:
             slot = self._slot_at(position)
-            stream, number = self._stream_at(slot)
+            stream, number = self._stream_at(self._content(slot))
             begin = self._slot_start(slot)
             end = min(stop, begin + self._run_size(stream, number))
             base = self.epoch * self.streams[stream].quota + number * self.run_length

@@ -123,10 +123,21 @@ class HandlePool:
         self.store = store
         self._max_idle = max_idle
         self._idle: collections.OrderedDict[int, tuple[str, IO[bytes]]] = collections.OrderedDict()
+        self._by_name: dict[str, list[int]] = {}  # idle handles of each shard, newest last
+        self._local: dict[str, bool] = {}
         self._closed = False
         # A pool dropped without close() (a dataset's reader kept for the process's life)
         # still closes its idle files.
         weakref.finalize(self, _close_idle, self._idle)
+
+    def is_local(self, name: str) -> bool:
+        """Whether ``name`` is a local file (asked per piece: remembered per shard)."""
+        local = self._local.get(name)
+        if local is None:
+            if len(self._local) >= 65536:
+                self._local.clear()
+            local = self._local[name] = is_local_url(self.store.url(name))
+        return local
 
     @property
     def num_idle(self) -> int:
@@ -140,7 +151,7 @@ class HandlePool:
         A remote handle reads only bytes ``[start, end)``; a local one is a plain file (the
         caller stops at ``end``), so it can be lent again for another range.
         """
-        local = is_local_url(self.store.url(name))
+        local = self.is_local(name)
         stream = self._take(name, start) if local else self.store.open_read(name, start, end)
         reusable = False
         try:
@@ -153,11 +164,14 @@ class HandlePool:
                 stream.close()
 
     def _take(self, name: str, start: int) -> IO[bytes]:
-        for slot, (idle_name, stream) in reversed(self._idle.items()):
-            if idle_name == name:
-                del self._idle[slot]
-                stream.seek(start)
-                return stream
+        slots = self._by_name.get(name)
+        if slots:
+            slot = slots.pop()
+            if not slots:
+                del self._by_name[name]
+            _, stream = self._idle.pop(slot)
+            stream.seek(start)
+            return stream
         stream = self.store.open_read(name)
         if start:
             stream.seek(start)
@@ -165,13 +179,19 @@ class HandlePool:
 
     def _give_back(self, name: str, stream: IO[bytes]) -> None:
         self._idle[id(stream)] = (name, stream)
+        self._by_name.setdefault(name, []).append(id(stream))
         while len(self._idle) > self._max_idle:
-            _, (_, oldest) = self._idle.popitem(last=False)
+            slot, (oldest_name, oldest) = self._idle.popitem(last=False)
+            slots = self._by_name[oldest_name]
+            slots.remove(slot)
+            if not slots:
+                del self._by_name[oldest_name]
             oldest.close()
 
     def close(self) -> None:
         """Close every idle handle; handles still lent are closed when given back."""
         self._closed = True
+        self._by_name.clear()
         _close_idle(self._idle)
 
 

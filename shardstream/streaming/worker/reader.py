@@ -8,6 +8,7 @@ read settings, so the rest of the worker asks only for ``open(shard, first, stop
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 from collections.abc import Hashable, Iterator, Sequence
@@ -38,6 +39,8 @@ class ReadSettings:
         on_error: ``"raise"``, or ``"skip"`` broken samples (counted, never shifting batches).
         tag_streams: Add ``__stream__`` (the shard's store number) to every sample (mixtures).
         max_idle_handles: Idle local file handles kept open between pieces.
+        max_indexes: Shard indexes kept loaded (a window reads from up to ``num_open`` shards;
+            8 to 16 bytes per sample each).
     """
 
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
@@ -45,6 +48,7 @@ class ReadSettings:
     on_error: str = "raise"
     tag_streams: bool = False
     max_idle_handles: int = 64
+    max_indexes: int = 256
 
 
 @dataclasses.dataclass
@@ -77,9 +81,24 @@ class ShardReader:
         self.stats = stats if stats is not None else WorkerStats()
         idle = settings.max_idle_handles
         self._pools = [HandlePool(source.shards, max_idle=idle) for source in shards.sources]
-        self._indexes = [IndexCache(source.indexes) for source in shards.sources]
+        self._indexes = [
+            IndexCache(source.indexes, settings.max_indexes) for source in shards.sources
+        ]
         self._walked = OffsetIndex()
         self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
+        self._specs: dict[int, ShardSpec] = {}  # recent shards' specs (a piece asks twice)
+        self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
+        self._max_specs = settings.max_indexes
+        self._remote = not all(source.shards.is_local for source in shards.sources)
+
+    def _spec(self, shard: int) -> ShardSpec:
+        spec = self._specs.get(shard)
+        if spec is None:
+            if len(self._specs) >= self._max_specs:
+                self._specs.clear()
+                self._urls.clear()
+            spec = self._specs[shard] = self.shards.spec(shard)
+        return spec
 
     def open(self, shard: int, first: int, stop: int | None) -> Iterator[Any]:
         """Samples ``[first, stop)`` of shard number ``shard`` (``None``: to its end).
@@ -87,7 +106,7 @@ class ShardReader:
         With ``on_error="skip"`` a broken shard ends the run in ``None`` placeholders (one per
         missing sample, so batch boundaries do not move) and the samples are counted.
         """
-        spec = self.shards.spec(shard)
+        spec = self._spec(shard)
         selection = self.shards.sources[spec.store].selection
         index = self._index_of(spec)
         if selection is not None:
@@ -108,9 +127,11 @@ class ShardReader:
         ``ReadOptions.prefetch_bytes`` (see :meth:`Store.prefetch`); ``group`` (one per
         stream cursor) replaces its earlier announcements. A no-op for local shards.
         """
+        if not self._remote:
+            return
         ranges: dict[int, list[tuple[str, int, int]]] = {}
         for shard, first, stop in pieces:
-            spec = self.shards.spec(shard)
+            spec = self._spec(shard)
             source = self.shards.sources[spec.store]
             if source.selection is not None or source.shards.is_local:
                 continue  # a view reads runs of kept samples; local files need no prefetch
@@ -154,9 +175,13 @@ class ShardReader:
         if offsets is not None:
             end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
             self.stats.bytes_read += int(offsets[end]) - int(offsets[min(first, end)])
+        pool = self._pools[spec.store]
+        url = self._urls.get(spec.name)
+        if url is None:
+            url = self._urls[spec.name] = pool.store.shown(spec.name)
         return read_piece(
-            self._pools[spec.store], spec.name, first, stop, self._walked, offsets,
-            settings.max_member_bytes, settings.memory_map,
+            pool, spec.name, first, stop, self._walked, offsets, settings.max_member_bytes,
+            settings.memory_map, url,
         )  # fmt: skip
 
     def _selected(
@@ -217,6 +242,9 @@ class ShardReader:
 
 
 def _tagged(samples: Iterator[Any], stream: int) -> Iterator[Any]:
-    for sample in samples:
-        sample["__stream__"] = stream
-        yield sample
+    return map(functools.partial(_tag, stream=stream), samples)  # no generator to close
+
+
+def _tag(sample: Any, stream: int) -> Any:
+    sample["__stream__"] = stream
+    return sample
