@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from shardstream._version import __version__
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
@@ -19,12 +21,13 @@ from shardstream.shardwriter.iterables import chunk_samples
 from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
+from shardstream.shardwriter.records import FileTable
 from shardstream.shardwriter.sources import ScannedSource, scan_source
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
 from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
 
-__all__ = ["ProgressCallback", "build_shards"]
+__all__ = ["ProgressCallback", "build_shards", "write_chunks"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +54,8 @@ def build_shards(
         source: An ImageFolder directory, a ``.csv``/``.jsonl`` list of ``path,label[,...]``,
             or an iterable of sample dicts ``{"__key__": "a/1", "jpg": b"...", "cls": 3}``
             (written in the given order: iterables are not shuffled).
-        dest: A local folder or fsspec URL; it must be new, empty, or hold this same build.
+        dest: A local folder or fsspec URL; it must be new, empty, or hold this same build
+            (with ``append=True``: a dataset, which the samples are added to as a new version).
         options: Shard limits, shuffle, re-encoding, error policy; see :class:`BuildOptions`.
         executor: Runs chunk tasks, e.g. ``distributed.Client(...).get_executor()``. By
             default ``options.workers`` local processes (or this process when 1). The output
@@ -66,18 +70,24 @@ def build_shards(
     Raises:
         SourceError: An unreadable/corrupt file (``on_error="raise"``), a bad or empty source.
         DuplicateKeyError: Two samples share a key.
-        DatasetExistsError: DEST holds something else and ``overwrite`` is false.
+        DatasetExistsError: DEST holds something else and ``overwrite`` is false; with
+            ``append``, another append into DEST won the race.
 
     Example:
         >>> manifest = build_shards("data/train", "shards/train", max_samples_per_shard=5000,
         ...                         workers=4)  # doctest: +SKIP
         >>> manifest.num_samples, len(manifest.shards)  # doctest: +SKIP
         (1281167, 257)
+        >>> build_shards("crawl/2026-11-25", "shards/train", append=True)  # doctest: +SKIP
     """
     options = _resolve_options(options, overrides)
     store = Store(dest, storage_options)
     if isinstance(source, (bytes, Mapping)):
         raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
+    if options.append:
+        from shardstream.shardwriter.append import append_source
+
+        return append_source(source, store, options, executor, progress)
     if isinstance(source, (str, os.PathLike)):
         scanned = scan_source(source, options.on_error)  # a bad source leaves DEST untouched
         with destination_lock(store):
@@ -118,10 +128,28 @@ def _build_from_table(
         return existing
     state_store = dest.child(state.STATE_FOLDER)
     chunks = plan_chunks(table, options)
+    results = write_chunks(table, chunks, dest, options, executor, progress)
+    return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
+
+
+def write_chunks(
+    table: FileTable,
+    chunks: list[np.ndarray],
+    dest: Store,
+    options: BuildOptions,
+    executor: cf.Executor | None,
+    progress: ProgressCallback | None,
+    first: int = 0,
+) -> dict[int, ChunkResult]:
+    """Write every planned chunk not already done (by a killed run) into DEST's build state.
+
+    ``first`` numbers the shards the chunks become (an append's follow the dataset's shards).
+    """
+    state_store = dest.child(state.STATE_FOLDER)
     shown = dest.shown()
     logger.info("%s: %d files planned into %d chunks", shown, len(table), len(chunks))
     done = state.load_chunk_records(state_store, len(chunks))
-    done = state.drop_incomplete(dest, state_store, done, len(chunks))
+    done = state.drop_incomplete(dest, state_store, done, len(chunks), first)
     if done:
         logger.info("%s: resuming; %d of %d chunks already written", shown, len(done), len(chunks))
     tasks = (
@@ -137,7 +165,7 @@ def _build_from_table(
         write_chunk, tasks, lambda r: results.__setitem__(r.index, tracker.add(r)),
         options.workers, executor,
     )  # fmt: skip
-    return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
+    return results
 
 
 def _build_from_iterable(
