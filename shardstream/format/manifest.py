@@ -129,7 +129,9 @@ class Manifest:
         return self.shards.total_bytes
 
     def _document(self, version: int) -> dict[str, Any]:
-        roots = {"shard_root": self.shard_root, "index_root": self.index_root, "view": self.view}
+        roots: dict[str, Any] = {
+            "shard_root": self.shard_root, "index_root": self.index_root, "view": self.view,
+        }  # fmt: skip
         if self.version != 1:  # a build's manifest stays as before versions existed
             roots["version"] = self.version
         return {
@@ -233,15 +235,13 @@ def _parse(text: str | bytes, where: str) -> dict[str, Any]:
 
 
 def read_manifest(
-    dataset: Store | str | os.PathLike[str],
-    storage_options: StorageOptions = None,
-    version: int | None = None,
+    dataset: Store | str | os.PathLike[str], storage_options: StorageOptions = None
 ) -> Manifest:
     """Read ``manifest.json`` (and its shard table) from a dataset folder, URL prefix or store.
 
     A local shard table is memory-mapped, so every process that opens the dataset shares it.
-    ``version`` reads an older published version of a dataset that grew (see
-    :func:`shardstream.format.versions.read_version`); None reads the newest.
+    This is the newest published version of a dataset that grew; older ones are read with
+    :func:`shardstream.format.versions.read_version`.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).
@@ -251,12 +251,7 @@ def read_manifest(
     Example:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
-    store = as_store(dataset, storage_options)
-    if version is not None:
-        from shardstream.format.versions import read_version
-
-        return read_version(store, version)
-    return read_manifest_file(store, MANIFEST_NAME)
+    return read_manifest_file(as_store(dataset, storage_options), MANIFEST_NAME)
 
 
 def read_manifest_file(store: Store, name: str) -> Manifest:

@@ -33,7 +33,7 @@ from shardstream.format.shardtable import ShardTable
 from shardstream.format.versions import publish_version, published_version
 from shardstream.shardwriter import state
 from shardstream.shardwriter.appendchecks import check_appendable, check_names_free, is_empty
-from shardstream.shardwriter.build import ProgressCallback, write_chunks
+from shardstream.shardwriter.chunks import ProgressCallback, write_chunks
 from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks

@@ -6,34 +6,28 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
-
-import numpy as np
 
 from shardstream._version import __version__
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.shardtable import ShardTable
 from shardstream.shardwriter import state
+from shardstream.shardwriter.chunks import ProgressCallback, Tracker, write_chunks
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
 from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
-from shardstream.shardwriter.records import FileTable
 from shardstream.shardwriter.sources import ScannedSource, scan_source
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
 from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
 
-__all__ = ["ProgressCallback", "build_shards", "write_chunks"]
+__all__ = ["ProgressCallback", "build_shards"]
 
 logger = logging.getLogger(__name__)
-
-#: ``progress(items_done, source_bytes_done, total_items, total_bytes)``; totals are ``None``
-#: for iterable sources.
-ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
 
@@ -132,42 +126,6 @@ def _build_from_table(
     return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
 
 
-def write_chunks(
-    table: FileTable,
-    chunks: list[np.ndarray],
-    dest: Store,
-    options: BuildOptions,
-    executor: cf.Executor | None,
-    progress: ProgressCallback | None,
-    first: int = 0,
-) -> dict[int, ChunkResult]:
-    """Write every planned chunk not already done (by a killed run) into DEST's build state.
-
-    ``first`` numbers the shards the chunks become (an append's follow the dataset's shards).
-    """
-    state_store = dest.child(state.STATE_FOLDER)
-    shown = dest.shown()
-    logger.info("%s: %d files planned into %d chunks", shown, len(table), len(chunks))
-    done = state.load_chunk_records(state_store, len(chunks))
-    done = state.drop_incomplete(dest, state_store, done, len(chunks), first)
-    if done:
-        logger.info("%s: resuming; %d of %d chunks already written", shown, len(done), len(chunks))
-    tasks = (
-        ChunkTask(index, state_store, options, table=table.take(indices))
-        for index, indices in enumerate(chunks)
-        if index not in done
-    )
-    tracker = _Tracker(progress, len(table), table.num_bytes)
-    for result in done.values():
-        tracker.add(result)
-    results = dict(done)
-    run_tasks(
-        write_chunk, tasks, lambda r: results.__setitem__(r.index, tracker.add(r)),
-        options.workers, executor,
-    )  # fmt: skip
-    return results
-
-
 def _build_from_iterable(
     samples: Iterable[Mapping[str, Any]],
     dest: Store,
@@ -185,7 +143,7 @@ def _build_from_iterable(
     state.prepare_destination(dest, settings, options.overwrite, reuse_finished=False)
     state_store = dest.child(state.STATE_FOLDER)
     done = state.load_chunk_records(state_store, 2**62)
-    tracker = _Tracker(progress, None, None)
+    tracker = Tracker(progress, None, None)
     results: dict[int, ChunkResult] = {}
 
     def tasks() -> Iterator[ChunkTask]:
@@ -244,18 +202,3 @@ def _finish(
     state.remove_state(state_store)
     logger.info("%s: %d samples in %d shards", dest.shown(), manifest.num_samples, len(shards))
     return manifest
-
-
-class _Tracker:
-    def __init__(
-        self, callback: ProgressCallback | None, total: int | None, total_bytes: int | None
-    ):
-        self._callback, self._total, self._total_bytes = callback, total, total_bytes
-        self.items = self.bytes = 0
-
-    def add(self, result: ChunkResult) -> ChunkResult:
-        self.items += result.num_items
-        self.bytes += result.num_source_bytes
-        if self._callback is not None:
-            self._callback(self.items, self.bytes, self._total, self._total_bytes)
-        return result
