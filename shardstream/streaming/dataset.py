@@ -29,7 +29,7 @@ from shardstream.streaming.resumestate import (
 )
 from shardstream.streaming.settings import Settings
 from shardstream.streaming.shardlist import ShardList, Source, resolve_source
-from shardstream.streaming.versions import DatasetVersion, VersionSet, open_version
+from shardstream.streaming.versions import DatasetVersion, VersionNumber, VersionSet, reopen
 from shardstream.streaming.worker import batch as batching
 from shardstream.streaming.worker.channel import EpochChannel
 from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
@@ -109,6 +109,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             seed, shuffle, policy, batch_size, on_error, epoch_size, options or StreamOptions()
         )
         self.mixture: Mixture | None = None
+        self._streams: list[Stream] = []  # a mixture's, to open it at other versions
         self.manifest: Manifest | None = None
         self.shards = self._resolve(source, version)
         self.convert = SampleConverter(
@@ -118,8 +119,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.channel = EpochChannel()
         self.stats_board = StatsBoard() if self.options.stats else None
         self.passes = PassCache(self.shards, self.mixture, self.settings.plan)
-        self.version = self.manifest.version if self.manifest else None
-        opened = DatasetVersion(self.version, self.shards, self.manifest, self.passes)
+        self.version: VersionNumber = self.manifest.version if self.manifest else None
+        if self.mixture is not None:
+            self.version = self.mixture.versions
+        opened = DatasetVersion(
+            self.version, self.shards, self.manifest, self.passes, self.mixture
+        )
         self.versions = VersionSet(source, opened, self._open_version)
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
         self._running: WorkerPass | None = None  # the pass under way in this process
@@ -127,12 +132,9 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
 
-    def _open_version(self, number: int) -> DatasetVersion:
+    def _open_version(self, number: Any) -> DatasetVersion:
         """Another version of this dataset (a resumed epoch may read an older one)."""
-        return open_version(
-            self.versions.source, self.options, number,
-            lambda shards: PassCache(shards, None, self.settings.plan),
-        )  # fmt: skip
+        return reopen(self.versions.source, self._streams, number, self.settings)
 
     def _resolve(
         self, source: Source | Stream | Sequence[Stream], version: int | None
@@ -143,7 +145,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             if not all(isinstance(item, Stream) for item in streams):
                 raise ConfigError("a mixture takes Stream(...) items only; wrap every source")
             if version is not None:
-                raise ConfigError("version= is for one dataset, not a mixture of streams")
+                raise ConfigError("a mixture pins versions per stream: Stream(..., version=N)")
+            self._streams = [cast(Stream, stream) for stream in streams]
             self.mixture = Mixture(
                 streams, self.settings.epoch_size, self.settings.seed, options.storage_options,
                 options.read_options,
@@ -195,7 +198,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         workers = context.num_workers if num_workers is None else max(1, num_workers)
         return Layout(context.world_size, workers, self.settings.micro_batch)
 
-    def fingerprint(self, version: int | None = None) -> dict[str, Any]:
+    def fingerprint(self, version: VersionNumber = None) -> dict[str, Any]:
         """The settings and dataset facts that fix which samples an epoch holds, in order.
 
         ``version``: of that version of the dataset (None: the opened one).
@@ -205,7 +208,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             **self.settings.fingerprint(),
             "num_shards": len(opened.shards),
             "num_samples": opened.manifest.num_samples if opened.manifest else None,
-            "mixture": self.mixture.fingerprint() if self.mixture else None,
+            "mixture": opened.mixture.fingerprint() if opened.mixture else None,
             "canonical": [self.options.canonical_ranks, self.options.canonical_workers],
         }
 

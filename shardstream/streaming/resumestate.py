@@ -58,7 +58,7 @@ class PassState:
     history: tuple[PassRecord, ...] = ()
     plan: Layout | None = None
     consumed: int = 0
-    dataset_version: int | None = None
+    dataset_version: int | tuple[int, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values."""
@@ -67,7 +67,11 @@ class PassState:
             "history": [record.as_dict() for record in self.history],
             "plan": self.plan.as_dict() if self.plan is not None else None,
             "consumed_batches": self.consumed,
-            "dataset_version": self.dataset_version,
+            "dataset_version": (
+                list(self.dataset_version)
+                if isinstance(self.dataset_version, tuple)
+                else self.dataset_version
+            ),
         }
 
     @classmethod
@@ -85,12 +89,21 @@ class PassState:
                 tuple(PassRecord.from_dict(dict(item)) for item in data.get("history", ())),
                 layout_from_dict(plan) if plan is not None else None,
                 int(data.get("consumed_batches", 0)),
-                None if version is None else int(version),
+                _version(version),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ConfigError(
                 f"malformed resume state ({error!r}); was it saved by shardstream?"
             ) from error
+
+
+def _version(value: Any) -> int | tuple[int, ...] | None:
+    """A dataset version from plain values (a mixture's: its streams' versions, as a list)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(int(item) for item in value)
+    return int(value)
 
 
 def layout_from_dict(data: Mapping[str, Any]) -> Layout:

@@ -6,7 +6,8 @@ pass records the version it reads in its state (``dataset_version``), so a job r
 after the dataset grew finishes the interrupted epoch on the version it began with, exactly,
 and the next epoch reads the version the restarted job opened. States saved before versions
 existed have no ``dataset_version``: they were saved on version 1 (the only version a dataset
-could have then).
+could have then). A mixture's version is the tuple of its streams' versions: a resumed epoch
+reads every stream at the version it began with.
 
 Older versions are opened on demand, once per process; a version removed by
 ``shardstream prune`` cannot be resumed (the error says which and what to do).
@@ -15,14 +16,20 @@ Older versions are opened on demand, once per process; a version removed by
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
+from shardstream.streaming.epochs import PassCache
+from shardstream.streaming.mixture import Mixture, Stream
+from shardstream.streaming.settings import Settings
 from shardstream.streaming.shardlist import ShardList, resolve_source
 
-__all__ = ["DatasetVersion", "VersionSet"]
+__all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "as_number", "reopen"]
+
+#: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
+VersionNumber = int | tuple[int, ...] | None
 
 #: What a state without ``dataset_version`` was saved on (see the module docstring).
 LEGACY_VERSION = 1
@@ -30,12 +37,13 @@ LEGACY_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class DatasetVersion:
-    """One version's shards and manifest, and the pass cache built on them."""
+    """One version's shards, manifest (or mixture), and the pass cache built on them."""
 
-    number: int | None
+    number: VersionNumber
     shards: ShardList
     manifest: Manifest | None
-    passes: Any  # a PassCache (kept untyped here: epochs imports this module's users)
+    passes: PassCache
+    mixture: Mixture | None = None
 
 
 class VersionSet:
@@ -51,20 +59,22 @@ class VersionSet:
         self,
         source: Any,
         opened: DatasetVersion,
-        open_version: Callable[[int], DatasetVersion],
+        open_version: Callable[[Any], DatasetVersion],
     ) -> None:
         self.source, self.opened = source, opened
         self._open_version = open_version
-        self._older: dict[int, DatasetVersion] = {}
+        self._older: dict[Any, DatasetVersion] = {}
 
-    def number_for(self, saved: Mapping[str, Any]) -> int | None:
+    def number_for(self, saved: Mapping[str, Any]) -> VersionNumber:
         """The version a saved state's pass reads (``dataset_version``, or the legacy rule)."""
         if "dataset_version" in saved:
-            value = saved["dataset_version"]
-            return None if value is None else int(value)
-        return LEGACY_VERSION if self.opened.number is not None else None
+            return as_number(saved["dataset_version"])
+        opened = self.opened.number
+        if isinstance(opened, tuple):
+            return (LEGACY_VERSION,) * len(opened)
+        return LEGACY_VERSION if opened is not None else None
 
-    def get(self, number: int | None) -> DatasetVersion:
+    def get(self, number: VersionNumber) -> DatasetVersion:
         """Version ``number`` (None: the opened one), opened on first use.
 
         Raises:
@@ -90,13 +100,33 @@ class VersionSet:
         return self._older[number]
 
 
-def open_version(
-    source: Any, options: Any, number: int | None, make_passes: Callable[[ShardList], Any]
+def as_number(value: Any) -> VersionNumber:
+    """A version from a state's plain values (a mixture's comes back as a list)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(int(item) for item in value)
+    return int(value)
+
+
+def reopen(
+    source: Any, streams: Sequence[Stream], number: VersionNumber, settings: Settings
 ) -> DatasetVersion:
-    """Open ``source`` at version ``number`` (None: the newest) with its pass cache."""
+    """Open ``source`` (or the mixture of ``streams``) at version ``number``."""
+    options = settings.options
+    if isinstance(number, tuple):
+        pinned = [
+            dataclasses.replace(stream, version=version)
+            for stream, version in zip(streams, number, strict=True)
+        ]
+        mixture = Mixture(
+            pinned, settings.epoch_size, settings.seed, options.storage_options,
+            options.read_options,
+        )  # fmt: skip
+        passes = PassCache(mixture.shards, mixture, settings.plan)
+        return DatasetVersion(number, mixture.shards, None, passes, mixture)
     _, shards, manifest = resolve_source(
         source, options.storage_options, options.read_options, version=number
     )
-    return DatasetVersion(
-        manifest.version if manifest else None, shards, manifest, make_passes(shards)
-    )
+    passes = PassCache(shards, None, settings.plan)
+    return DatasetVersion(manifest.version if manifest else None, shards, manifest, passes)

@@ -14,6 +14,7 @@ from shardstream.shardwriter import build_shards
 from shardstream.storage import Store
 from shardstream.streaming import (
     RandomAccessDataset,
+    Stream,
     StreamingDataLoader,
     StreamingDataset,
     StreamOptions,
@@ -131,3 +132,30 @@ def test_stateful_dataloader_resumes_across_an_append(dataset):
     restarted.load_state_dict(state)
     assert consumed + keys_of(restarted) == expected
     assert len(keys_of(restarted)) == 34  # the next epoch: version 2
+
+
+@pytest.mark.slow
+def test_a_mixture_resumes_across_an_append_to_one_stream(dataset, tmp_path):
+    root, day2 = dataset
+    other = tmp_path / "other"
+    build_shards(write_day(tmp_path / "day9", 9, per_class=4), other, **BUILD)
+
+    def make(first: int | None = None) -> StreamingDataset:
+        streams = [Stream(root, version=first), Stream(other)]
+        return StreamingDataset(streams, seed=4, batch_size=2, decode="raw", options=OPTIONS)
+
+    reference = make()
+    expected = keys_of(StreamingDataLoader(reference, num_workers=2))
+    loader = StreamingDataLoader(make(), num_workers=2)
+    consumed = keys_of(itertools.islice(loader, 4))
+    state = loader.state_dict()
+    assert state["dataset_version"] == [1, 1]
+    build_shards(day2, root, append=True, **BUILD)
+    restarted = StreamingDataLoader(make(), num_workers=2)
+    restarted.load_state_dict(state)
+    assert consumed + keys_of(restarted) == expected and len(expected) == 24 + 8
+    following = keys_of(restarted)
+    pinned_new = make(first=2)
+    pinned_new.set_epoch(1)
+    assert following == keys_of(StreamingDataLoader(pinned_new, num_workers=2))
+    assert len(following) == 34 + 8 and restarted.state_dict()["dataset_version"] == [2, 1]
