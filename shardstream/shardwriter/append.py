@@ -114,8 +114,10 @@ def _append(
     }
     state_store = dest.child(state.STATE_FOLDER)
     if _comparable(base.settings) == _comparable(settings):
-        logger.info("%s: version %d already holds this append", dest.shown(), base.version)
-        state.remove_state(state_store)  # an append killed after publishing left its state
+        logger.warning("%s: version %d already holds this append", dest.shown(), base.version)
+        plan = state.read_plan(state_store)
+        if plan is not None and _comparable(plan) == _comparable(settings):
+            state.remove_state(state_store)  # this append, killed after publishing, left it
         return base
     check_appendable(dest, base, scanned, options)
     resuming = _claim(dest, state_store, settings)

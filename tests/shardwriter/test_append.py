@@ -177,3 +177,47 @@ def test_cli_append_inspect_versions_and_prune(grown):
     done = subprocess.run([*cli, "inspect", str(dest), "--version", "1"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "has no version 1" in done.stderr
+
+
+def test_append_to_a_dataset_with_a_binary_shard_table(grown, monkeypatch):
+    from shardstream.format import manifest as manifest_module
+
+    dest, day2 = grown
+    monkeypatch.setattr(manifest_module, "INLINE_MAX_SHARDS", 2)  # format 2 from 3 shards on
+    build_shards(day2, dest, append=True, **OPTIONS)
+    names = sorted(p.name for p in dest.glob("manifest*"))
+    assert names == ["manifest.json", "manifest.v000001.json", "manifest.v000002.json",
+                     "manifest.v000002.shards"]  # fmt: skip
+    assert json.loads((dest / "manifest.json").read_text())["shard_table"]["name"] == (
+        "manifest.v000002.shards"
+    )
+    store = Store(str(dest))
+    assert read_version(store, 1).num_samples == 8 and read_manifest(store).num_samples == 14
+    prune_versions(store)
+    assert find_problems(store, read_manifest(store)) == []
+    assert sorted(p.name for p in dest.glob("manifest*")) == names[:1] + names[2:]
+
+
+def test_finished_append_leaves_another_appends_unfinished_state_alone(grown, tmp_path):
+    dest, day2 = grown
+    build_shards(day2, dest, append=True, **OPTIONS)
+    state_folder = dest / "_shardstream_build"
+    state_folder.mkdir()
+    (state_folder / "plan.json").write_text('{"source_path": "elsewhere"}')
+    assert build_shards(day2, dest, append=True, **OPTIONS).version == 2
+    assert (state_folder / "plan.json").exists()
+
+
+def test_pruning_version_1_of_a_binary_table_dataset_removes_its_table(tmp_path, monkeypatch):
+    from shardstream.format import manifest as manifest_module
+
+    monkeypatch.setattr(manifest_module, "INLINE_MAX_SHARDS", 2)
+    dest = tmp_path / "ds"
+    build_shards(write_day(tmp_path / "day1", 1), dest, **OPTIONS)
+    assert (dest / "manifest.shards").exists()
+    build_shards(write_day(tmp_path / "day2", 2), dest, append=True, **OPTIONS)
+    store = Store(str(dest))
+    assert read_version(store, 1).num_samples == 8  # still through manifest.shards
+    assert prune_versions(store) == [1]
+    assert not (dest / "manifest.shards").exists()
+    assert find_problems(store, read_manifest(store)) == []
