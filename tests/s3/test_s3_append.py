@@ -164,3 +164,26 @@ def test_failed_manifest_put_leaves_the_old_version(
     fault_proxy.clear()
     manifest = build_shards(day2, dest, storage_options=proxy_options, append=True, **OPTIONS)
     assert manifest.version == 2 and read_manifest(Store(dest, proxy_options)).version == 2
+
+
+def test_second_append_on_s3_is_refused_while_the_first_is_unfinished(
+    days, proxy_options, tmp_path
+) -> None:
+    day1, day2 = days
+    dest = f"s3://{BUCKET}/two"
+    build_shards(day1, dest, storage_options=proxy_options, **OPTIONS)
+    child = multiprocessing.get_context("fork").Process(
+        target=_append_and_kill_at, args=("mid-rename", 2, day2, dest, proxy_options)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child.start()
+    child.join(timeout=120)
+    assert child.exitcode == -signal.SIGKILL  # the first append holds its claim (plan file)
+    day3 = write_day(tmp_path / "day3", 3)
+    with pytest.raises(DatasetExistsError, match=r"s3://.*/two: another build or append"):
+        build_shards(day3, dest, storage_options=proxy_options, append=True, **OPTIONS)
+    assert read_manifest(Store(dest, proxy_options)).version == 1
+    build_shards(day2, dest, storage_options=proxy_options, append=True, **OPTIONS)  # finishes
+    manifest = build_shards(day3, dest, storage_options=proxy_options, append=True, **OPTIONS)
+    assert manifest.version == 3 and manifest.num_samples == 8 + 6 + 8

@@ -159,3 +159,24 @@ def test_a_mixture_resumes_across_an_append_to_one_stream(dataset, tmp_path):
     pinned_new.set_epoch(1)
     assert following == keys_of(StreamingDataLoader(pinned_new, num_workers=2))
     assert len(following) == 34 + 8 and restarted.state_dict()["dataset_version"] == [2, 1]
+
+
+def test_elastic_resume_across_an_append_deals_the_rest_of_the_old_version(dataset):
+    root, day2 = dataset
+
+    def make(rank: int, world_size: int) -> StreamingDataLoader:
+        options = StreamOptions(output="dict", rank=rank, world_size=world_size)
+        return StreamingDataLoader(
+            StreamingDataset(root, seed=4, batch_size=2, decode="raw", options=options)
+        )
+
+    ranks = [make(rank, 2) for rank in range(2)]
+    consumed = [key for loader in ranks for key in keys_of(itertools.islice(loader, 3))]
+    state = ranks[0].state_dict()  # the same on every rank
+    build_shards(day2, root, append=True, **BUILD)
+    alone = make(0, 1)  # restarted on one rank: elastic
+    alone.load_state_dict(state)
+    rest = keys_of(alone)
+    old = keys_of(StreamingDataLoader(_make(root, version=1)))
+    assert sorted(consumed + rest) == sorted(old)  # every version-1 sample once, none of day 2
+    assert len(keys_of(alone)) == 34  # the next epoch: version 2
