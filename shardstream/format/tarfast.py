@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import IO, Any, cast
 
@@ -36,11 +38,82 @@ from shardstream.format.tarheader import (
 )
 from shardstream.format.tarreader import FILE_TYPES, Sample
 
-__all__ = ["MAP_WINDOW_BYTES", "SampleMap", "parse_plain_sample", "read_plain_sample"]
+__all__ = [
+    "MAP_WINDOW_BYTES",
+    "SampleMap",
+    "map_range",
+    "parse_plain_sample",
+    "read_plain_sample",
+]
 
 #: Most bytes of a shard mapped at once. A mapping stays until every sample in it is released,
 #: so this bounds the shard bytes that one held sample keeps mapped (about 14 JPEGs of 70 KB).
 MAP_WINDOW_BYTES = 1 << 20
+
+
+class _MapBudget:
+    """Live memory maps of this process, at most half its open-file limit.
+
+    Python's ``mmap`` keeps a duplicate of the file descriptor for as long as the map lives, so
+    every live map holds an open file. A worker reading from hundreds of places at once would
+    otherwise run out of descriptors (``ulimit -n`` is 256 to 1,024 on many systems); past the
+    budget, samples are read into memory instead of mapped.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+        self.limit: int | None = None
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.limit is None:
+                self.limit = _budget_of_limit()
+            if self.live >= self.limit:
+                return False
+            self.live += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.live -= 1
+
+
+def _budget_of_limit() -> int:
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # no resource module: stay modest
+        return 256
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(0, min(4096, soft // 2 - 32))
+
+
+_MAPS = _MapBudget()
+
+
+def map_range(fileno: int, begin: int, end: int) -> memoryview | None:
+    """Bytes ``[begin, end)`` of an open local file as a copy-on-write memory map, or None.
+
+    None when the process has as many live maps as its open-file limit allows (see
+    :class:`_MapBudget`) or the map fails (then read the bytes instead). The map is released
+    when the last view into it is.
+    """
+    if not _MAPS.take():
+        return None
+    base = begin - begin % mmap.ALLOCATIONGRANULARITY
+    try:
+        mapping = mmap.mmap(fileno, end - base, access=mmap.ACCESS_COPY, offset=base)
+    except (OSError, ValueError):  # e.g. the process's limit on mappings
+        _MAPS.give_back()
+        return None
+    weakref.finalize(mapping, _MAPS.give_back)
+    if hasattr(mmap, "MADV_WILLNEED"):  # a cold cache reads the window ahead at once
+        with contextlib.suppress(OSError):  # only advice: reading works without it
+            mapping.madvise(mmap.MADV_WILLNEED)
+    return memoryview(mapping)[begin - base :]
 
 
 class SampleMap:
@@ -94,17 +167,11 @@ class SampleMap:
         last = ordinal + 1
         while last < self._stop and offsets[last + 1] - base <= self._window:
             last += 1
-        try:
-            mapping = mmap.mmap(
-                self._fileno, offsets[last] - base, access=mmap.ACCESS_COPY, offset=base
-            )
-        except (OSError, ValueError):  # e.g. the process's limit on mappings: read from now on
+        view = map_range(self._fileno, base, offsets[last])
+        if view is None:  # out of maps or descriptors: read from now on
             self.usable, self._view = False, None
             return None
-        if hasattr(mmap, "MADV_WILLNEED"):  # a cold cache reads the window ahead at once
-            with contextlib.suppress(OSError):  # only advice: reading works without it
-                mapping.madvise(mmap.MADV_WILLNEED)
-        self._view, self._base, self._end = memoryview(mapping), base, offsets[last]
+        self._view, self._base, self._end = view, base, offsets[last]
         return self._view
 
 

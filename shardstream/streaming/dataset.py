@@ -112,6 +112,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self._streams: list[Stream] = []  # a mixture's, to open it at other versions
         self.manifest: Manifest | None = None
         self.shards = self._resolve(source, version)
+        self.settings = self.settings.with_facts(self.shards.facts())
         self.convert = SampleConverter(
             decode, transform, self.options.output, self.options.allow_pickle,
             batch_size is not None,
@@ -123,7 +124,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if self.mixture is not None:
             self.version = self.mixture.versions
         opened = DatasetVersion(
-            self.version, self.shards, self.manifest, self.passes, self.mixture
+            self.version, self.shards, self.manifest, self.passes, self.settings, self.mixture
         )
         self.versions = VersionSet(source, opened, self._open_version)
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
@@ -205,7 +206,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """
         opened = self.versions.get(version)
         return {
-            **self.settings.fingerprint(),
+            **opened.settings.fingerprint(),
             "num_shards": len(opened.shards),
             "num_samples": opened.manifest.num_samples if opened.manifest else None,
             "mixture": opened.mixture.fingerprint() if opened.mixture else None,
@@ -273,7 +274,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 running.start,
             )  # fmt: skip
             return run_whole_shards(
-                whole, reader, batcher, stats, self.options.num_open,
+                whole, reader, batcher, stats, self.settings.open_shards,
                 self.options.shuffle_buffer, self.settings.shuffle,
             )  # fmt: skip
         ranks = plan_ranks(running.plan.layout.world_size, context.world_size, context.rank)

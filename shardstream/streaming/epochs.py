@@ -18,14 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from shardstream.streaming.context import Context
 from shardstream.streaming.mixture import Mixture
+from shardstream.streaming.planning.chunks import epoch_sequence
 from shardstream.streaming.planning.passes import PassRecord, pass_sequence
 from shardstream.streaming.planning.schedule import PassPlan
-from shardstream.streaming.planning.sequence import (
-    BaseSequence,
-    PassSequence,
-    ShardSequence,
-    shard_order,
-)
+from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
 from shardstream.streaming.planning.uncounted import role_after
 from shardstream.streaming.resumestate import PassState
@@ -64,15 +60,14 @@ class PassCache:
         return self._length
 
     def base(self, epoch: int) -> BaseSequence:
-        """A fresh ``epoch``'s sequence: the shards in the epoch's order, or the mixture's."""
+        """A fresh ``epoch``'s sequence: the epoch's chunks or shards in order, or the mixture's."""
         if self._base is None or self._base[0] != epoch:
             sequence: BaseSequence
             if self._mixture is not None:
                 sequence = self._mixture.epoch_sequence(epoch, self._options)
             else:
-                counts = self._shards.counts()
-                order = shard_order(len(counts), self._options.seed, epoch, self._options.shuffle)
-                sequence = ShardSequence(counts, order)
+                options = self._options
+                sequence = epoch_sequence(self._shards.counts(), options.seed, epoch, options)
             self._base = (epoch, sequence)
         return self._base[1]
 

@@ -8,11 +8,7 @@ from typing import Any
 
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
-from shardstream.streaming.planning.split import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_NUM_OPEN,
-    DEFAULT_PIECE_SIZE,
-)
+from shardstream.streaming.planning.split import DEFAULT_BLOCK_SIZE
 
 __all__ = ["StreamOptions"]
 
@@ -22,13 +18,21 @@ class StreamOptions:
     """Less common settings of :class:`~shardstream.streaming.StreamingDataset`.
 
     Attributes:
-        num_open: Pieces interleaved at once: each worker stream is read in windows of about
-            ``num_open * piece_size`` samples whose pieces, from all over the rank's share of
-            the epoch, come in a seeded random interleave (mixes class-ordered shards; each
-            open piece holds one file handle or ranged read).
-        piece_size: Longest run of consecutive samples read from one place of a shard. Larger
-            means fewer seeks (remote: fewer, larger ranged requests) but needs more
-            ``num_open`` for the same class mix.
+        num_open: Lanes a worker stream reads from at once: each worker stream is read in
+            windows of about ``num_open * piece_size`` samples whose pieces, from all over the
+            rank's share of the epoch, come in a seeded random interleave. A batch holds
+            samples from about ``min(batch, num_open)`` places, so keep it well above the batch
+            size. None chooses from the dataset (see
+            :mod:`shardstream.streaming.planning.order`): 512 for local indexed shards.
+        piece_size: Longest run of consecutive samples read from one place of a shard (one
+            read or memory map). Larger means fewer, larger reads (remote: ranged requests).
+            None chooses from the dataset: 8 locally, at least 1 MiB of samples remotely.
+        chunk_size: The epoch is read in chunks of this many consecutive samples, each from a
+            seeded random place of the dataset (see :mod:`shardstream.streaming.planning.chunks`),
+            so shards written in class order still give every rank and worker the whole
+            dataset's mix all epoch long. 0 reads whole shards in a shuffled order (the order
+            of releases before 0.3). None chooses from the dataset: 64 samples for indexed
+            shards (at least a piece remotely), 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
             (counted datasets are ordered by their windows and need no buffer).
@@ -62,12 +66,13 @@ class StreamOptions:
             often (from ``StreamingDataLoader``); None logs nothing.
 
     Example:
-        >>> StreamOptions(num_open=32).piece_size
-        64
+        >>> StreamOptions(num_open=32).num_open
+        32
     """
 
-    num_open: int = DEFAULT_NUM_OPEN
-    piece_size: int = DEFAULT_PIECE_SIZE
+    num_open: int | None = None
+    piece_size: int | None = None
+    chunk_size: int | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     shuffle_buffer: int = 1000
     canonical_ranks: int | None = None

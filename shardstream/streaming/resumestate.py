@@ -35,9 +35,12 @@ from shardstream.streaming.planning.split import Layout
 
 __all__ = ["STATE_VERSION", "PassState", "check_fingerprint", "check_layout", "check_version"]
 
-#: 3: windows in closed form and plan layouts (shardstream 0.2). States of 2 and older were
-#: saved with another sample order and are refused.
-STATE_VERSION = 3
+#: 4: the epoch read in chunks (``chunk_size`` in the fingerprint, shardstream 0.3).
+#: 3: windows in closed form and plan layouts (shardstream 0.2): read as version 4 with
+#: ``chunk_size=0``, so they continue exactly with the options of the order they were saved in.
+#: States of 2 and older were saved with another sample order and are refused.
+STATE_VERSION = 4
+_WHOLE_SHARDS_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,7 @@ def layout_from_dict(data: Mapping[str, Any]) -> Layout:
 def check_version(state: Mapping[str, Any]) -> None:
     """Refuse states of another format version."""
     version = state.get("version")
-    if version != STATE_VERSION:
+    if version not in (STATE_VERSION, _WHOLE_SHARDS_VERSION):
         raise ConfigError(
             f"resume state version {version!r} is not supported (this release reads version "
             f"{STATE_VERSION}; older states were saved with another sample order, so they "
@@ -125,9 +128,21 @@ def check_version(state: Mapping[str, Any]) -> None:
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse a state whose order-fixing settings differ from the current ones.
 
+    A fingerprint without ``chunk_size`` (a version 3 state) was saved reading whole shards.
+
     Raises:
         ConfigError: Names the first differing setting with both values.
     """
+    if "chunk_size" not in saved:
+        saved = {**saved, "chunk_size": 0}
+        order = ("chunk_size", "num_open", "piece_size")
+        if any(saved.get(name) != current.get(name) for name in order):
+            wanted = ", ".join(f"{name}={saved.get(name)!r}" for name in order)
+            raise ConfigError(
+                "cannot resume: this state was saved by shardstream 0.2, which read whole "
+                "shards in a shuffled order; to finish its epoch exactly, pass "
+                f"StreamOptions({wanted}) (or start the epoch over without load_state_dict)"
+            )
     for name in sorted(set(saved) | set(current)):
         if saved.get(name) != current.get(name):
             raise ConfigError(

@@ -8,17 +8,28 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.planning.order import (
+    DatasetFacts,
+    OrderChoice,
+    choose_open_shards,
+    choose_order,
+)
 from shardstream.streaming.planning.split import Layout, PlanOptions
 from shardstream.streaming.worker.reader import ReadSettings
 
 __all__ = ["Settings"]
 
 _DEFAULT_CANONICAL_WORKERS = 8
+#: Before the shards are known: no index, so whole shards (only for validating options).
+_UNKNOWN = DatasetFacts(indexed=False, local=True, mean_sample_bytes=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The dataset's settings: the constructor's arguments and its :class:`StreamOptions`.
+
+    ``facts`` (from the manifest, see :meth:`with_facts`) decide the order's numbers that the
+    options leave to shardstream (:mod:`~shardstream.streaming.planning.order`).
 
     Raises:
         ConfigError: Any value out of range, naming the setting and what it accepts.
@@ -31,6 +42,7 @@ class Settings:
     on_error: str
     epoch_size: int | None
     options: StreamOptions
+    facts: DatasetFacts = _UNKNOWN
 
     def __post_init__(self) -> None:
         options = self.options
@@ -43,6 +55,9 @@ class Settings:
         _check_range("batch_buffers", options.batch_buffers, 0, 64)
         _check_range("shuffle_buffer", options.shuffle_buffer, 0, None)
         _check_range("max_member_bytes", options.max_member_bytes, 1, None)
+        for name in ("num_open", "piece_size", "chunk_size"):
+            if getattr(options, name) is not None:
+                _check_range(name, getattr(options, name), 0 if name == "chunk_size" else 1, None)
         if options.canonical_workers is not None and options.canonical_ranks is None:
             raise ConfigError("canonical_workers needs canonical_ranks")
         if options.canonical_ranks is not None:
@@ -55,13 +70,28 @@ class Settings:
                 )
         self.plan  # noqa: B018 - validates the planning options too
 
+    def with_facts(self, facts: DatasetFacts) -> Settings:
+        """These settings for a dataset with ``facts``."""
+        return dataclasses.replace(self, facts=facts)
+
+    @functools.cached_property
+    def order(self) -> OrderChoice:
+        """The order's chunk size, lanes and piece size: as set, or chosen from the facts."""
+        options = self.options
+        return choose_order(self.facts, options.chunk_size, options.num_open, options.piece_size)
+
+    @property
+    def open_shards(self) -> int:
+        """Shards a worker reads at once without a manifest."""
+        return choose_open_shards(self.facts, self.options.num_open)
+
     @functools.cached_property
     def plan(self) -> PlanOptions:
         """What fixes the epoch's order (see :mod:`shardstream.streaming.planning`)."""
-        options = self.options
+        order = self.order
         return PlanOptions(
-            self.seed, self.shuffle, self.policy, options.block_size, options.piece_size,
-            options.num_open,
+            self.seed, self.shuffle, self.policy, self.options.block_size, order.piece_size,
+            order.num_open, order.chunk_size,
         )  # fmt: skip
 
     @property
@@ -79,7 +109,7 @@ class Settings:
         options = self.options
         return ReadSettings(
             options.max_member_bytes, options.memory_map, self.on_error, tag_streams,
-            max(8, options.num_open),
+            max(8, self.order.num_open),
         )  # fmt: skip
 
     def plan_layout(self, physical: Layout) -> Layout:
@@ -107,8 +137,9 @@ class Settings:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "policy": self.policy,
-            "num_open": options.num_open,
-            "piece_size": options.piece_size,
+            "num_open": self.order.num_open,
+            "piece_size": self.order.piece_size,
+            "chunk_size": self.order.chunk_size,
             "block_size": options.block_size,
             "shuffle_buffer": options.shuffle_buffer,
         }

@@ -16,6 +16,7 @@ from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
 from shardstream.format.versions import read_version
 from shardstream.storage import ReadOptions, StorageOptions, Store
+from shardstream.streaming.planning.order import DatasetFacts
 
 __all__ = ["ShardList", "ShardSource", "ShardSpec", "Source", "resolve_source", "source_of"]
 
@@ -87,6 +88,18 @@ class ShardList:
         if len(arrays) != len(tables):
             raise ConfigError("sample counts are unknown: a source has no manifest")
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+    def facts(self) -> DatasetFacts:
+        """What the default epoch order depends on (indexes, local storage, sample size)."""
+        tables = [source.table for source in self.sources]
+        counted = [table for table in tables if isinstance(table, ShardTable)]
+        indexed = len(counted) == len(tables) and all(
+            table.num_indexed == len(table) for table in counted
+        )
+        samples = sum(table.total_samples for table in counted)
+        num_bytes = sum(table.total_bytes for table in counted)
+        local = all(source.shards.is_local for source in self.sources)
+        return DatasetFacts(indexed, local, num_bytes / samples if samples else 0.0)
 
     def locate(self, shard: int) -> tuple[int, int]:
         """``(source, shard number within it)`` of shard number ``shard``."""

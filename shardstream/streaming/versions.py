@@ -37,12 +37,17 @@ LEGACY_VERSION = 1
 
 @dataclasses.dataclass(frozen=True)
 class DatasetVersion:
-    """One version's shards, manifest (or mixture), and the pass cache built on them."""
+    """One version's shards, manifest (or mixture), and the pass cache built on them.
+
+    ``settings`` are the dataset's, with this version's facts (the default order depends on
+    the mean sample size, so each version keeps the order it was read in).
+    """
 
     number: VersionNumber
     shards: ShardList
     manifest: Manifest | None
     passes: PassCache
+    settings: Settings
     mixture: Mixture | None = None
 
 
@@ -123,10 +128,13 @@ def reopen(
             pinned, settings.epoch_size, settings.seed, options.storage_options,
             options.read_options,
         )  # fmt: skip
+        settings = settings.with_facts(mixture.shards.facts())
         passes = PassCache(mixture.shards, mixture, settings.plan)
-        return DatasetVersion(number, mixture.shards, None, passes, mixture)
+        return DatasetVersion(number, mixture.shards, None, passes, settings, mixture)
     _, shards, manifest = resolve_source(
         source, options.storage_options, options.read_options, version=number
     )
+    settings = settings.with_facts(shards.facts())
     passes = PassCache(shards, None, settings.plan)
-    return DatasetVersion(manifest.version if manifest else None, shards, manifest, passes)
+    number = manifest.version if manifest else None
+    return DatasetVersion(number, shards, manifest, passes, settings)

@@ -25,7 +25,7 @@ def keys_and_labels(options: dict[str, Any], read_options: ReadOptions) -> list[
     dataset = StreamingDataset(
         DEST, seed=3, decode="raw", options=StreamOptions(
             output="dict", storage_options=options, read_options=read_options, num_open=4,
-            piece_size=4,
+            piece_size=4, chunk_size=0,  # whole shards in pieces of 4: the GETs the rules count
         ),
     )  # fmt: skip
     return [

@@ -1,7 +1,8 @@
 """Mixtures as one epoch sequence: exact quotas per stream, interleaved runs, closed form.
 
 Each stream gets a per-epoch quota of samples (:func:`stream_quotas`). A stream's samples are
-laid out in an endless cycle of passes, each pass its shards in a seeded order; epoch ``e``
+laid out in an endless cycle of passes, each pass its shards (or chunks, see :mod:`.chunks`) in
+a seeded order; epoch ``e``
 takes the quota-long window that starts at ``e * quota``. So every stream visits all its
 samples before repeating any, across epochs, and a stream smaller than its quota repeats whole
 passes first, then a partial one.
@@ -23,12 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.sequence import (
-    Run,
-    ShardSequence,
-    last_at_most,
-    shard_order,
-)
+from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.sequence import BaseSequence, Run, last_at_most
 from shardstream.streaming.planning.split import PlanOptions
 
 __all__ = ["MixedStream", "MixtureSequence", "stream_quotas"]
@@ -139,7 +136,7 @@ class MixtureSequence:
         if options.shuffle:
             active = [active[i] for i in rng.permutation(len(active))]
         self._root = self._build(active, rng if options.shuffle else None)
-        self._cycles: dict[tuple[int, int], ShardSequence] = {}
+        self._cycles: dict[tuple[int, int], BaseSequence] = {}
         last = sorted(
             (self._slot_of(s, self.num_runs[s] - 1), self.run_length - self._run_size(s, -1))
             for s in active
@@ -194,14 +191,13 @@ class MixtureSequence:
         high = min(sum(self.num_runs) - 1, low + len(self.streams) + 1)
         return last_at_most(self._slot_start, position, low, high)
 
-    def _cycle(self, stream: int, cycle: int) -> ShardSequence:
+    def _cycle(self, stream: int, cycle: int) -> BaseSequence:
         key = (stream, cycle)
         if key not in self._cycles:
             if len(self._cycles) >= 64:
                 self._cycles.clear()
             part = self.streams[stream]
-            order = shard_order(len(part.counts), part.seed, cycle, self.options.shuffle)
-            self._cycles[key] = ShardSequence(part.counts, order)
+            self._cycles[key] = epoch_sequence(part.counts, part.seed, cycle, self.options)
         return self._cycles[key]
 
     def _stream_runs(self, stream: int, start: int, stop: int, position: int) -> list[Run]:

@@ -57,6 +57,8 @@ class PlanOptions:
         piece_size: Longest run of consecutive samples read from one place of a shard.
         num_open: Pieces interleaved at once: a worker stream is read in windows of about
             ``num_open * piece_size`` samples whose pieces are interleaved at random.
+        chunk_size: Samples per chunk of the epoch's order (see :mod:`.chunks`); 0 reads
+            whole shards in a seeded order.
     """
 
     seed: int = 0
@@ -65,10 +67,13 @@ class PlanOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     piece_size: int = DEFAULT_PIECE_SIZE
     num_open: int = DEFAULT_NUM_OPEN
+    chunk_size: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.chunk_size < 0:
+            raise ConfigError(f"chunk_size must be >= 0, got {self.chunk_size}")
         for name in ("block_size", "piece_size", "num_open"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -151,9 +156,13 @@ class Shape:
         if num_units:
             samples[(num_units - 1) % streams] -= num_units * unit - per_rank  # the short unit
         batches = -(-samples // batch)
-        return cls(
-            length, layout, per_rank, unit, lanes, lane_units, options.piece_size, samples, batches
-        )
+        piece = options.piece_size
+        if options.chunk_size > 0 and lanes:
+            # Fewer lanes than asked for (a small part): longer pieces keep the window at
+            # about num_open * piece_size samples, so it still mixes that many. (Whole-shard
+            # orders, chunk_size=0, keep the pieces of shardstream 0.2, whose states resume.)
+            piece *= max(1, options.num_open // lanes)
+        return cls(length, layout, per_rank, unit, lanes, lane_units, piece, samples, batches)
 
     @property
     def steps(self) -> int:

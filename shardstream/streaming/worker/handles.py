@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import IO
 
@@ -123,6 +124,9 @@ class HandlePool:
         self._max_idle = max_idle
         self._idle: collections.OrderedDict[int, tuple[str, IO[bytes]]] = collections.OrderedDict()
         self._closed = False
+        # A pool dropped without close() (a dataset's reader kept for the process's life)
+        # still closes its idle files.
+        weakref.finalize(self, _close_idle, self._idle)
 
     @property
     def num_idle(self) -> int:
@@ -168,6 +172,10 @@ class HandlePool:
     def close(self) -> None:
         """Close every idle handle; handles still lent are closed when given back."""
         self._closed = True
-        while self._idle:
-            _, (_, stream) = self._idle.popitem(last=False)
-            stream.close()
+        _close_idle(self._idle)
+
+
+def _close_idle(idle: collections.OrderedDict[int, tuple[str, IO[bytes]]]) -> None:
+    while idle:
+        _, (_, stream) = idle.popitem(last=False)
+        stream.close()

@@ -7,11 +7,21 @@ the members before it. Without one, the shard is walked from the last offset kno
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from typing import IO, Any, cast
+
+import numpy as np
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.samples import iter_samples
-from shardstream.format.tarfast import SampleMap, parse_plain_sample, read_plain_sample
+from shardstream.format.tarfast import (
+    MAP_WINDOW_BYTES,
+    SampleMap,
+    map_range,
+    parse_plain_sample,
+    read_plain_sample,
+)
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, Sample, TarReader, open_tar
 from shardstream.storage import is_local_url
 from shardstream.streaming.worker.handles import HandlePool, OffsetIndex
@@ -132,6 +142,9 @@ def _read_range(
             "shard was changed after the build. Rebuild it or run `shardstream verify`."
         )
     begin, end, limit = offsets[start], offsets[stop], max_member_bytes
+    if 0 < end - begin <= MAP_WINDOW_BYTES:
+        yield from _read_small(pool, name, url, start, stop, offsets, limit, memory_map)
+        return
     previous = ""  # the last key read, which errors name
     with pool.lend(name, begin, end) as stream:
         mapped = SampleMap(stream, offsets, stop) if memory_map else None
@@ -145,15 +158,71 @@ def _read_range(
                 stream.seek(here)
                 sample = read_plain_sample(stream, url, here, after, limit)
             if sample is None:  # not plain ustar, or broken: the full reader handles or reports
-                stream.seek(here)
-                reader = TarReader(stream, url, True, here, after, None, limit)
-                reader.last_key = previous
-                found = list(iter_samples(reader))
-                if len(found) != 1 or found[0][1] != here:
-                    raise _index_mismatch(url, ordinal, offsets, found)
-                sample = found[0][0]
+                sample = _read_full(stream, url, ordinal, offsets, limit, previous)
             previous = sample["__key__"]
             yield sample
+
+
+def _read_small(
+    pool: HandlePool,
+    name: str,
+    url: str,
+    start: int,
+    stop: int,
+    offsets: Sequence[int],
+    max_member_bytes: int,
+    memory_map: bool,
+) -> Iterator[Sample]:
+    """A short piece (at most one map window) mapped or read at once: no handle stays lent.
+
+    A worker reads from hundreds of places at once with the default order, so a piece must not
+    keep its file open while its samples wait in the window (``ulimit -n``); its one map holds
+    a descriptor only within the process's map budget (see :func:`map_range`).
+    """
+    begin, end = offsets[start], offsets[stop]
+    data: memoryview | None = None
+    with pool.lend(name, begin, end) as stream:
+        if memory_map and (fileno := _usable_fileno(stream, end)) is not None:
+            data = map_range(fileno, begin, end)
+        if data is None:
+            buffer = np.empty(end - begin, np.uint8)  # not zeroed: readinto fills it
+            if cast(Any, stream).readinto(buffer) == end - begin:
+                data = memoryview(cast(Any, buffer))
+    previous = ""
+    for ordinal in range(start, stop):
+        here, after = offsets[ordinal], offsets[ordinal + 1]
+        sample = None
+        if data is not None and after - here <= max_member_bytes:
+            sample = parse_plain_sample(data[here - begin : after - begin], url, here)
+        if sample is None:  # short, not plain ustar or broken: the full reader says why
+            with pool.lend(name, here, after) as stream:
+                sample = _read_full(stream, url, ordinal, offsets, max_member_bytes, previous)
+        previous = sample["__key__"]
+        yield sample
+
+
+def _usable_fileno(stream: IO[bytes], end: int) -> int | None:
+    """The file descriptor of a local file at least ``end`` bytes long (mapping past the end
+    of a file would fault), or None."""
+    try:
+        fileno = stream.fileno()
+        return fileno if os.fstat(fileno).st_size >= end else None
+    except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is both)
+        return None
+
+
+def _read_full(
+    stream: IO[bytes], url: str, ordinal: int, offsets: Sequence[int], limit: int, previous: str
+) -> Sample:
+    """Sample ``ordinal`` read with the full reader, which handles or reports what it holds."""
+    here, after = offsets[ordinal], offsets[ordinal + 1]
+    stream.seek(here)
+    reader = TarReader(stream, url, True, here, after, None, limit)
+    reader.last_key = previous
+    found = list(iter_samples(reader))
+    if len(found) != 1 or found[0][1] != here:
+        raise _index_mismatch(url, ordinal, offsets, found)
+    return found[0][0]
 
 
 def _index_mismatch(
