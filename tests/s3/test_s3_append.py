@@ -78,6 +78,19 @@ def test_append_on_s3_publishes_a_new_version(days, storage_options, moto_fs) ->
     assert list_versions(store) == [1, 2]
     assert read_version(store, 1).num_samples == 8
     assert find_problems(store, read_manifest(store)) == []
+    from shardstream.streaming import StreamingDataset
+
+    options = _stream(storage_options)
+    newest, old = (StreamingDataset(dest, version=v, options=options) for v in (None, 1))
+    # the default order depends on the mean sample size: each version keeps its own
+    assert newest.fingerprint(1) == old.fingerprint()
+    assert newest.versions.get(1).settings.plan == old.settings.plan
+
+
+def _stream(storage_options: dict[str, Any]) -> Any:
+    from shardstream.streaming import StreamOptions
+
+    return StreamOptions(storage_options=storage_options)
 
 
 def _upload_of(suffix: str) -> Callable[[tuple], bool]:
