@@ -101,7 +101,8 @@ def prepare_destination(
             raise DatasetExistsError(
                 f"{dest.shown()}: already holds a dataset ({_describe(manifest)}) built with other "
                 f"settings or another source (differences: {_differences(manifest, settings)}). "
-                "Choose another destination, or pass overwrite=True (--overwrite) to replace it."
+                "Choose another destination, pass append=True (--append) to add the source's "
+                "samples to it, or overwrite=True (--overwrite) to replace it."
             )
     plan = _read_plan(state)
     if plan is not None and _comparable(plan) != _comparable(settings) and not overwrite:
@@ -133,7 +134,8 @@ def _read_existing(dest: Store) -> Manifest | None:
 def _describe(manifest: Manifest | None) -> str:
     if manifest is None:
         return "an unreadable manifest.json"
-    return f"{manifest.num_samples} samples in {len(manifest.shards)} shards"
+    grown = f"version {manifest.version}: " if manifest.version > 1 else ""
+    return f"{grown}{manifest.num_samples} samples in {len(manifest.shards)} shards"
 
 
 def _differences(manifest: Manifest | None, settings: dict) -> str:

@@ -83,6 +83,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ``Stateful`` protocol (``state_dict``/``load_state_dict`` per worker), so torchdata's
     ``StatefulDataLoader`` resumes it mid-epoch exactly.
 
+    Versions: a dataset that grows is read at one version per epoch (``self.version``: the
+    newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
+    state records, the next epoch ``self.version`` (see :mod:`shardstream.streaming.versions`).
+
     Example:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
         >>> loader = StreamingDataLoader(ds, num_workers=8, pin_memory=True)  # doctest: +SKIP
