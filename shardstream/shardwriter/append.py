@@ -28,7 +28,7 @@ from typing import Any
 
 from shardstream._version import __version__
 from shardstream.errors import ConfigError, DatasetExistsError, ManifestNotFoundError
-from shardstream.format.manifest import Manifest, read_manifest
+from shardstream.format.manifest import Manifest, SkippedSample, read_manifest
 from shardstream.format.shardtable import ShardTable
 from shardstream.format.versions import publish_version, published_version
 from shardstream.shardwriter import state
@@ -38,6 +38,7 @@ from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
 from shardstream.shardwriter.sources import ScannedSource, scan_source
+from shardstream.shardwriter.tasks import ChunkResult
 from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
 
@@ -128,8 +129,20 @@ def _append(
     if published_version(dest) != base.version:
         raise _lost_race(dest, base.version)
     ordered = [results[index] for index in sorted(results)]
-    shards = state.finalize_shards(dest, state_store, ordered, first)
-    skipped = scanned.skipped + tuple(item for result in ordered for item in result.skipped)
+    return _publish(dest, base, settings, ordered, scanned.skipped)
+
+
+def _publish(
+    dest: Store,
+    base: Manifest,
+    settings: dict[str, Any],
+    ordered: list[ChunkResult],
+    skipped: tuple[SkippedSample, ...],
+) -> Manifest:
+    """Rename the parts after the dataset's shards, publish the next version, drop the state."""
+    state_store = dest.child(state.STATE_FOLDER)
+    shards = state.finalize_shards(dest, state_store, ordered, len(base.shards))
+    skipped += tuple(item for result in ordered for item in result.skipped)
     manifest = Manifest(
         shards=ShardTable.of([*base.shards, *shards]),
         class_names=base.class_names,
@@ -138,7 +151,7 @@ def _append(
         created_by=f"shardstream {__version__}",
         version=base.version + 1,
     )
-    write_timm_info(dest, manifest)
+    write_timm_info(dest, manifest)  # like the shards, it precedes the manifest
     publish_version(dest, manifest)
     state.remove_state(state_store)
     logger.info(
