@@ -200,3 +200,26 @@ def test_second_append_on_s3_is_refused_while_the_first_is_unfinished(
     build_shards(day2, dest, storage_options=proxy_options, append=True, **OPTIONS)  # finishes
     manifest = build_shards(day3, dest, storage_options=proxy_options, append=True, **OPTIONS)
     assert manifest.version == 3 and manifest.num_samples == 8 + 6 + 8
+
+
+def test_index_on_a_prefix_that_gained_shards_reads_only_the_new_ones(
+    proxy_options, fault_proxy: FaultProxy, moto_fs, tmp_path
+) -> None:
+    from shardstream import index_shards
+    from tests.shardwriter.test_index_growth import _write_shards
+
+    local = tmp_path / "shards"
+    _write_shards(local, 0, 2)
+    for path in sorted(local.iterdir()):
+        moto_fs.pipe_file(f"{BUCKET}/other/{path.name}", path.read_bytes())
+    dest = f"s3://{BUCKET}/other"
+    first = index_shards(dest, storage_options=proxy_options)
+    _write_shards(local, 2, 1)
+    moto_fs.pipe_file(f"{BUCKET}/other/part-00002.tar", (local / "part-00002.tar").read_bytes())
+    fault_proxy.clear()
+    manifest = index_shards(dest, storage_options=proxy_options)
+    assert fault_proxy.count("GET", "part-00000.tar") == 0  # the indexed shards are not read
+    assert fault_proxy.count("GET", "part-00002.tar") >= 1
+    assert manifest.version == 2 and list(manifest.shards)[:2] == list(first.shards)
+    assert manifest.num_samples == 12
+    assert list_versions(Store(dest, proxy_options)) == [1, 2]
