@@ -1,4 +1,4 @@
-"""The ``shardstream`` command line: ``build``, ``index``, ``inspect`` and ``verify``.
+"""The ``shardstream`` command line: ``build``, ``index``, ``inspect``, ``verify``, ``prune``...
 
 Each subcommand is a module with one ``add_*`` function registering its parser and a handler
 returning the exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
@@ -20,6 +20,7 @@ from shardstream.cli.build import add_build
 from shardstream.cli.common import parse_size, parse_storage_option, storage_options
 from shardstream.cli.index import add_index
 from shardstream.cli.inspect import add_inspect
+from shardstream.cli.prune import add_prune
 from shardstream.cli.verify import add_verify
 from shardstream.cli.views import add_merge, add_view
 from shardstream.errors import ShardstreamError, StorageError
@@ -29,7 +30,7 @@ from shardstream.storage.diagnose import explain
 __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
-    add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench,
+    add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench, add_prune,
 ]  # fmt: skip
 
 

@@ -65,7 +65,13 @@ def add_build(subparsers: Any) -> None:
         default="raise",
         help="stop at a corrupt file, or skip it and list it in the manifest (default: raise)",
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
+    written = parser.add_mutually_exclusive_group()
+    written.add_argument("--overwrite", action="store_true", help="replace what DEST holds")
+    written.add_argument(
+        "--append", action="store_true",
+        help="add SOURCE's samples to the dataset in DEST as new shards and publish a new "
+        "version of it (a rerun finishes an interrupted append)",
+    )  # fmt: skip
     add_common(parser, _run_build)
 
 
@@ -82,14 +88,16 @@ def _run_build(args: argparse.Namespace) -> int:
         quality=args.quality,
         on_error=args.on_error,
         overwrite=args.overwrite,
+        append=args.append,
     )
     with progress_updates(args.quiet) as update:
         manifest = build_shards(
             args.source, args.dest, options, storage_options=storage_options(args),
             progress=update,
         )  # fmt: skip
+    version = f"version {manifest.version}: " if manifest.version > 1 else ""
     print(
-        f"{shown(args)}: {manifest.num_samples} samples in {len(manifest.shards)} shards, "
+        f"{shown(args)}: {version}{manifest.num_samples} samples in {len(manifest.shards)} shards, "
         f"{human(manifest.num_bytes)}; {len(manifest.skipped)} skipped"
     )
     return 0

@@ -18,6 +18,10 @@ def add_inspect(subparsers: Any) -> None:
     parser.add_argument("dest")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.add_argument(
+        "--version", type=int, default=None, metavar="N",
+        help="inspect version N of a dataset that grew (default: the newest)",
+    )  # fmt: skip
+    parser.add_argument(
         "--classes", type=int, default=0, metavar="N",
         help="count samples per class in N shards spread over the dataset (reads them)",
     )  # fmt: skip
@@ -27,9 +31,10 @@ def add_inspect(subparsers: Any) -> None:
 
 def _run_inspect(args: argparse.Namespace) -> int:
     from shardstream.format.manifest import read_manifest
+    from shardstream.format.versions import read_version
 
     store = Store(args.dest, storage_options(args))
-    manifest = read_manifest(store)
+    manifest = read_manifest(store) if args.version is None else read_version(store, args.version)
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
@@ -41,6 +46,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         if manifest.shards
         else "shards:   0",
         f"samples:  {manifest.num_samples}",
+        *_versions(store, manifest.version),
         f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)})",
         f"classes:  {len(names)} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
         if names
@@ -52,6 +58,21 @@ def _run_inspect(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def _versions(store: Store, shown_version: int) -> list[str]:
+    """The dataset's readable versions with their sample counts (one line per version)."""
+    from shardstream.format.versions import list_versions, read_version
+
+    lines = [f"version:  {shown_version}"]
+    versions = list_versions(store)
+    for number in versions:
+        manifest = read_version(store, number)
+        lines.append(
+            f"  version {number}: {manifest.num_samples} samples in {len(manifest.shards)} "
+            f"shards{' (published)' if number == versions[-1] else ''}"
+        )
+    return lines
 
 
 def _details(store: Store, manifest: Any, classes: int) -> list[str]:

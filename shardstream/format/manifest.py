@@ -46,7 +46,9 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "SkippedSample",
+    "encode_manifest",
     "read_manifest",
+    "read_manifest_file",
     "write_manifest",
 ]
 
@@ -90,6 +92,8 @@ class Manifest:
             the selection that keeps a sample; shard counts are the kept samples.
         format_version: The format version it was read from (not compared: the same dataset
             may be written in either form).
+        version: The dataset version it describes: 1 for a build, one more for each append
+            (see :mod:`shardstream.format.versions`); a manifest without the field is version 1.
 
     Example:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
@@ -106,10 +110,13 @@ class Manifest:
     index_root: str | None = None
     view: Mapping[str, Any] | None = None
     format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
+    version: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.shards, ShardTable):
             object.__setattr__(self, "shards", ShardTable.of(self.shards))
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise ManifestError(f"a dataset version is a positive integer, got {self.version!r}")
 
     @property
     def num_samples(self) -> int:
@@ -122,7 +129,11 @@ class Manifest:
         return self.shards.total_bytes
 
     def _document(self, version: int) -> dict[str, Any]:
-        roots = {"shard_root": self.shard_root, "index_root": self.index_root, "view": self.view}
+        roots: dict[str, Any] = {
+            "shard_root": self.shard_root, "index_root": self.index_root, "view": self.view,
+        }  # fmt: skip
+        if self.version != 1:  # a build's manifest stays as before versions existed
+            roots["version"] = self.version
         return {
             **{key: value for key, value in roots.items() if value is not None},
             "format": FORMAT_NAME,
@@ -188,6 +199,7 @@ class Manifest:
                 index_root=optional_root(document.get("index_root"), where),
                 view=optional_view(document.get("view"), where),
                 format_version=int(version),  # type: ignore[arg-type]
+                version=document.get("version", 1),
             )
         except (KeyError, TypeError, ValueError) as error:
             if isinstance(error, ManifestError):
@@ -228,6 +240,8 @@ def read_manifest(
     """Read ``manifest.json`` (and its shard table) from a dataset folder, URL prefix or store.
 
     A local shard table is memory-mapped, so every process that opens the dataset shares it.
+    This is the newest published version of a dataset that grew; older ones are read with
+    :func:`shardstream.format.versions.read_version`.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).
@@ -237,10 +251,14 @@ def read_manifest(
     Example:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
-    store = as_store(dataset, storage_options)
-    where = store.shown(MANIFEST_NAME)
+    return read_manifest_file(as_store(dataset, storage_options), MANIFEST_NAME)
+
+
+def read_manifest_file(store: Store, name: str) -> Manifest:
+    """Read the manifest file ``name`` of ``store`` (and the shard table it names)."""
+    where = store.shown(name)
     try:
-        with store.open_read(MANIFEST_NAME) as stream:
+        with store.open_read(name) as stream:
             text = stream.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as error:
         raise ManifestNotFoundError(
@@ -288,20 +306,31 @@ def write_manifest(
     ``manifest.shards`` first (format 2).
     """
     store = as_store(dataset, storage_options)
-    if len(manifest.shards) <= INLINE_MAX_SHARDS:
-        text = manifest.to_json()
-    else:
-        check_unique(manifest.shards, store.shown(MANIFEST_NAME))
-        table = encode_table(manifest.shards)
+    text, table = encode_manifest(manifest, SHARD_TABLE_NAME, store.shown(MANIFEST_NAME))
+    if table is not None:
         with store.open_atomic_write(SHARD_TABLE_NAME) as stream:
             stream.write(table)
-        reference = {
-            "name": SHARD_TABLE_NAME,
-            "num_bytes": len(table),
-            "sha256": hashlib.sha256(table).hexdigest(),
-        }
-        document = {**manifest._document(2), "shard_table": reference}
-        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     with store.open_atomic_write(MANIFEST_NAME) as stream:
-        stream.write(text.encode("utf-8"))
+        stream.write(text)
     return store.url(MANIFEST_NAME)
+
+
+def encode_manifest(manifest: Manifest, table_name: str, where: str) -> tuple[bytes, bytes | None]:
+    """The manifest's JSON bytes, and its binary shard table (format 2) or None (format 1).
+
+    Args:
+        manifest: The manifest.
+        table_name: The name the JSON gives the table, when there is one.
+        where: Names the manifest in errors.
+    """
+    if len(manifest.shards) <= INLINE_MAX_SHARDS:
+        return manifest.to_json().encode("utf-8"), None
+    check_unique(manifest.shards, where)
+    table = encode_table(manifest.shards)
+    reference = {
+        "name": table_name,
+        "num_bytes": len(table),
+        "sha256": hashlib.sha256(table).hexdigest(),
+    }
+    document = {**manifest._document(2), "shard_table": reference}
+    return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"), table

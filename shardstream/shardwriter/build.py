@@ -6,7 +6,7 @@ import concurrent.futures as cf
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardstream._version import __version__
@@ -14,6 +14,7 @@ from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.shardtable import ShardTable
 from shardstream.shardwriter import state
+from shardstream.shardwriter.chunks import ProgressCallback, Tracker, write_chunks
 from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
 from shardstream.shardwriter.lock import destination_lock
@@ -27,10 +28,6 @@ from shardstream.storage import Store
 __all__ = ["ProgressCallback", "build_shards"]
 
 logger = logging.getLogger(__name__)
-
-#: ``progress(items_done, source_bytes_done, total_items, total_bytes)``; totals are ``None``
-#: for iterable sources.
-ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]]
 
@@ -51,7 +48,8 @@ def build_shards(
         source: An ImageFolder directory, a ``.csv``/``.jsonl`` list of ``path,label[,...]``,
             or an iterable of sample dicts ``{"__key__": "a/1", "jpg": b"...", "cls": 3}``
             (written in the given order: iterables are not shuffled).
-        dest: A local folder or fsspec URL; it must be new, empty, or hold this same build.
+        dest: A local folder or fsspec URL; it must be new, empty, or hold this same build
+            (with ``append=True``: a dataset, which the samples are added to as a new version).
         options: Shard limits, shuffle, re-encoding, error policy; see :class:`BuildOptions`.
         executor: Runs chunk tasks, e.g. ``distributed.Client(...).get_executor()``. By
             default ``options.workers`` local processes (or this process when 1). The output
@@ -66,18 +64,24 @@ def build_shards(
     Raises:
         SourceError: An unreadable/corrupt file (``on_error="raise"``), a bad or empty source.
         DuplicateKeyError: Two samples share a key.
-        DatasetExistsError: DEST holds something else and ``overwrite`` is false.
+        DatasetExistsError: DEST holds something else and ``overwrite`` is false; with
+            ``append``, another append into DEST won the race.
 
     Example:
         >>> manifest = build_shards("data/train", "shards/train", max_samples_per_shard=5000,
         ...                         workers=4)  # doctest: +SKIP
         >>> manifest.num_samples, len(manifest.shards)  # doctest: +SKIP
         (1281167, 257)
+        >>> build_shards("crawl/2026-11-25", "shards/train", append=True)  # doctest: +SKIP
     """
     options = _resolve_options(options, overrides)
     store = Store(dest, storage_options)
     if isinstance(source, (bytes, Mapping)):
         raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
+    if options.append:
+        from shardstream.shardwriter.append import append_source
+
+        return append_source(source, store, options, executor, progress)
     if isinstance(source, (str, os.PathLike)):
         scanned = scan_source(source, options.on_error)  # a bad source leaves DEST untouched
         with destination_lock(store):
@@ -118,25 +122,7 @@ def _build_from_table(
         return existing
     state_store = dest.child(state.STATE_FOLDER)
     chunks = plan_chunks(table, options)
-    shown = dest.shown()
-    logger.info("%s: %d files planned into %d chunks", shown, len(table), len(chunks))
-    done = state.load_chunk_records(state_store, len(chunks))
-    done = state.drop_incomplete(dest, state_store, done, len(chunks))
-    if done:
-        logger.info("%s: resuming; %d of %d chunks already written", shown, len(done), len(chunks))
-    tasks = (
-        ChunkTask(index, state_store, options, table=table.take(indices))
-        for index, indices in enumerate(chunks)
-        if index not in done
-    )
-    tracker = _Tracker(progress, len(table), table.num_bytes)
-    for result in done.values():
-        tracker.add(result)
-    results = dict(done)
-    run_tasks(
-        write_chunk, tasks, lambda r: results.__setitem__(r.index, tracker.add(r)),
-        options.workers, executor,
-    )  # fmt: skip
+    results = write_chunks(table, chunks, dest, options, executor, progress)
     return _finish(dest, state_store, results, scanned.class_names, settings, scanned)
 
 
@@ -157,7 +143,7 @@ def _build_from_iterable(
     state.prepare_destination(dest, settings, options.overwrite, reuse_finished=False)
     state_store = dest.child(state.STATE_FOLDER)
     done = state.load_chunk_records(state_store, 2**62)
-    tracker = _Tracker(progress, None, None)
+    tracker = Tracker(progress, None, None)
     results: dict[int, ChunkResult] = {}
 
     def tasks() -> Iterator[ChunkTask]:
@@ -216,18 +202,3 @@ def _finish(
     state.remove_state(state_store)
     logger.info("%s: %d samples in %d shards", dest.shown(), manifest.num_samples, len(shards))
     return manifest
-
-
-class _Tracker:
-    def __init__(
-        self, callback: ProgressCallback | None, total: int | None, total_bytes: int | None
-    ):
-        self._callback, self._total, self._total_bytes = callback, total, total_bytes
-        self.items = self.bytes = 0
-
-    def add(self, result: ChunkResult) -> ChunkResult:
-        self.items += result.num_items
-        self.bytes += result.num_source_bytes
-        if self._callback is not None:
-            self._callback(self.items, self.bytes, self._total, self._total_bytes)
-        return result

@@ -32,7 +32,9 @@ from shardstream.format.scan import scan_shard
 from shardstream.format.shardindex import decode_index, encode_offsets, index_name
 from shardstream.format.shardtable import ShardInfo, ShardTable
 from shardstream.format.tarreader import is_gzip_name
+from shardstream.format.versions import publish_version
 from shardstream.shardwriter.execute import run_tasks
+from shardstream.shardwriter.indexgrowth import new_shards
 from shardstream.shardwriter.listing import list_shards
 from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.timminfo import write_timm_info
@@ -161,7 +163,11 @@ def index_shards(
     shards, names = list_shards(source, storage_options)
     target = shards if dest is None else Store(dest, storage_options)
     with destination_lock(target, "index"):
-        return _index(shards, names, target, dest is None, options, executor, progress)
+        base, names = new_shards(target, names, options.overwrite)
+        if base is not None and not names:
+            logger.warning("%s: no new shards; nothing indexed", target.shown())
+            return base
+        return _index(shards, names, target, dest is None, options, executor, progress, base)
 
 
 def _index(
@@ -172,8 +178,9 @@ def _index(
     options: IndexOptions,
     executor: cf.Executor | None,
     progress: ProgressCallback | None,
+    base: Manifest | None = None,
 ) -> Manifest:
-    _prepare(target, shards, names, options, in_place)
+    _prepare(target, shards, names, options, in_place, growing=base is not None)
     records = _load_records(target, len(names), options.shards_per_task)
     done_bytes = [sum(e["num_bytes"] for r in records.values() for e in r["entries"])]
 
@@ -195,7 +202,7 @@ def _index(
     entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
     root = None if in_place else absolute_root(shards)
     manifest = Manifest(
-        shards=ShardTable.of(_info(entry) for entry in entries),
+        shards=ShardTable.of([*(base.shards if base else ()), *map(_info, entries)]),
         settings={
             "indexed": True,
             "checksum": options.checksum,
@@ -204,20 +211,30 @@ def _index(
         },
         created_by=f"shardstream {__version__} index",
         shard_root=root,
+        version=base.version + 1 if base else 1,
     )
     if in_place:  # timm reads shard names relative to _info.json's folder
         write_timm_info(target, manifest, split=options.split)
-    write_manifest(target, manifest)
+    if base is None:
+        write_manifest(target, manifest)
+    else:  # the folder gained shards: a new version, published last
+        publish_version(target, manifest)
     target.child(STATE_FOLDER).remove_folder()
     _log_compressed(entries, target)
     return manifest
 
 
 def _prepare(
-    target: Store, shards: Store, names: list[str], options: IndexOptions, in_place: bool
+    target: Store,
+    shards: Store,
+    names: list[str],
+    options: IndexOptions,
+    in_place: bool,
+    growing: bool = False,
 ) -> None:
-    """Refuse a DEST that already holds a manifest; start or continue the recorded run."""
-    if target.exists(MANIFEST_NAME) and not options.overwrite:
+    """Refuse a DEST that already holds a manifest (unless ``growing``: it gained shards);
+    start or continue the recorded run."""
+    if target.exists(MANIFEST_NAME) and not options.overwrite and not growing:
         raise DatasetExistsError(
             f"{target.shown()}: already holds a manifest; pass overwrite=True (--overwrite) to "
             "index the shards again"

@@ -33,6 +33,8 @@ class BuildOptions:
         on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
             it out, logs it and lists it in ``manifest.skipped``.
         overwrite: Replace a different dataset or unfinished build already in DEST.
+        append: Add the source's samples to the dataset in DEST as new shards after its
+            shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
 
     Example:
         >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes
@@ -48,6 +50,7 @@ class BuildOptions:
     quality: int | None = None
     on_error: str = "raise"
     overwrite: bool = False
+    append: bool = False
 
     def __post_init__(self) -> None:
         if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
@@ -64,6 +67,8 @@ class BuildOptions:
             raise ConfigError(f"resize (shorter side in pixels) must be >= 1, got {self.resize}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.append and self.overwrite:
+            raise ConfigError("append and overwrite exclude each other: choose one")
         if self.on_error not in ON_ERROR_CHOICES:
             raise ConfigError(f"on_error must be one of {ON_ERROR_CHOICES}, got {self.on_error!r}")
 
@@ -75,5 +80,5 @@ class BuildOptions:
     def output_settings(self) -> dict[str, Any]:
         """The settings that determine the output bytes (recorded in the manifest)."""
         settings = dataclasses.asdict(self)
-        del settings["workers"], settings["overwrite"]
+        del settings["workers"], settings["overwrite"], settings["append"]
         return settings

@@ -36,7 +36,9 @@ __all__ = [
     "finalize_shards",
     "load_chunk_records",
     "prepare_destination",
+    "read_plan",
     "remove_state",
+    "remove_temporaries",
     "shard_name",
 ]
 
@@ -58,6 +60,8 @@ def shard_name(index: int) -> str:
 def _is_ours(name: str) -> bool:
     return (
         name in (MANIFEST_NAME, TIMM_INFO_NAME)
+        or fnmatch.fnmatch(name, "manifest.v*.json")
+        or fnmatch.fnmatch(name, "manifest.v*.shards")
         or fnmatch.fnmatch(name, SHARD_PATTERN)
         or fnmatch.fnmatch(name, INDEX_PATTERN)
     )
@@ -97,7 +101,8 @@ def prepare_destination(
             raise DatasetExistsError(
                 f"{dest.shown()}: already holds a dataset ({_describe(manifest)}) built with other "
                 f"settings or another source (differences: {_differences(manifest, settings)}). "
-                "Choose another destination, or pass overwrite=True (--overwrite) to replace it."
+                "Choose another destination, pass append=True (--append) to add the source's "
+                "samples to it, or overwrite=True (--overwrite) to replace it."
             )
     plan = _read_plan(state)
     if plan is not None and _comparable(plan) != _comparable(settings) and not overwrite:
@@ -129,7 +134,8 @@ def _read_existing(dest: Store) -> Manifest | None:
 def _describe(manifest: Manifest | None) -> str:
     if manifest is None:
         return "an unreadable manifest.json"
-    return f"{manifest.num_samples} samples in {len(manifest.shards)} shards"
+    grown = f"version {manifest.version}: " if manifest.version > 1 else ""
+    return f"{grown}{manifest.num_samples} samples in {len(manifest.shards)} shards"
 
 
 def _differences(manifest: Manifest | None, settings: dict) -> str:
@@ -143,6 +149,11 @@ def _differences_plain(found: dict, expected: dict) -> str:
         if found.get(k) != expected.get(k) and k not in _IGNORED_SETTINGS
     )
     return ", ".join(f"{k}: found {found.get(k)!r}, asked {expected.get(k)!r}" for k in keys)
+
+
+def read_plan(state: Store) -> dict | None:
+    """The settings a started build or append recorded, or None."""
+    return _read_plan(state)
 
 
 def _read_plan(state: Store) -> dict | None:
@@ -179,6 +190,11 @@ def _clear(dest: Store, names: list[str], state: Store) -> None:
     remove_state(state)
 
 
+def remove_temporaries(dest: Store) -> None:
+    """Delete what killed atomic writes left in DEST (local temporaries of manifests)."""
+    _remove_temporaries(dest, dest.list_names())
+
+
 def _remove_temporaries(dest: Store, names: list[str]) -> None:
     """Delete the temporaries of a killed build's unfinished atomic writes (its manifest)."""
     for name in names:
@@ -213,20 +229,23 @@ def _has_size(store: Store, name: str, num_bytes: int) -> bool:
     return store.exists(name) and store.size(name) == num_bytes
 
 
-def final_names(results: list[ChunkResult]) -> list[tuple[ShardInfo, str]]:
-    """Each part with its final shard name, numbered in plan order."""
+def final_names(results: list[ChunkResult], first: int = 0) -> list[tuple[ShardInfo, str]]:
+    """Each part with its final shard name, numbered in plan order from ``first``."""
     parts = [shard for result in sorted(results, key=lambda r: r.index) for shard in result.shards]
-    return [(part, shard_name(index)) for index, part in enumerate(parts)]
+    return [(part, shard_name(first + index)) for index, part in enumerate(parts)]
 
 
 def drop_incomplete(
-    dest: Store, state: Store, records: dict[int, ChunkResult], num_chunks: int
+    dest: Store, state: Store, records: dict[int, ChunkResult], num_chunks: int, first: int = 0
 ) -> dict[int, ChunkResult]:
-    """Keep only records whose parts all exist with the recorded size (in state or renamed)."""
+    """Keep only records whose parts all exist with the recorded size (in state or renamed).
+
+    ``first``: the number of the first shard the build writes (an append's: after the others).
+    """
     if len(records) == num_chunks:  # every chunk was done: parts may already be renamed
         bad: set[int] = set()
         ordered = sorted(records.values(), key=lambda r: r.index)
-        finals = iter(final_names(ordered))
+        finals = iter(final_names(ordered, first))
         for result in ordered:
             for part, final in (next(finals) for _ in result.shards):
                 if not _part_present(dest, state, part, final):
@@ -250,15 +269,19 @@ def _part_in_state(state: Store, part: ShardInfo) -> bool:
 FINALIZE_THREADS = 16
 
 
-def finalize_shards(dest: Store, state: Store, results: list[ChunkResult]) -> list[ShardInfo]:
+def finalize_shards(
+    dest: Store, state: Store, results: list[ChunkResult], first: int = 0
+) -> list[ShardInfo]:
     """Rename every part to its final shard name in plan order; return the final ShardInfos.
+
+    Shards are numbered from ``first`` (an append continues after the dataset's shards).
 
     Local renames run one after another; on object stores (``CopyObject`` + delete, server
     side) up to :data:`FINALIZE_THREADS` moves run at once. A build killed half-way through
     resumes (every move skips a part that is gone from the state folder).
     """
     shards, moves = [], []
-    for part, final in final_names(results):
+    for part, final in final_names(results, first):
         moves.append((part.name, final))
         index = None
         if part.index is not None:

@@ -89,7 +89,11 @@ def make_view(
         created_by=f"shardstream {__version__} view",
         shard_root=absolute_root(root_store(origin, manifest.shard_root)),
         index_root=absolute_root(root_store(origin, manifest.index_root)),
-        view={"source": origin.shown(), "select": selection.as_dict(keys_file)},
+        view={
+            "source": origin.shown(),
+            "source_version": manifest.version,
+            "select": selection.as_dict(keys_file),
+        },
     )
     write_manifest(target, view)
     return view

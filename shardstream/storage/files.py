@@ -17,9 +17,17 @@ from typing import IO, Any, cast
 from fsspec.implementations.local import LocalFileSystem
 
 from shardstream.storage.options import ReadOptions
-from shardstream.storage.s3upload import open_s3_upload
+from shardstream.storage.s3upload import open_s3_upload, put_if_absent
 
-__all__ = ["atomic_write", "forget_listings", "is_local_fs", "list_files", "move", "remove_folder"]
+__all__ = [
+    "atomic_write",
+    "create_exclusive",
+    "forget_listings",
+    "is_local_fs",
+    "list_files",
+    "move",
+    "remove_folder",
+]
 
 logger = logging.getLogger("shardstream.storage")
 
@@ -173,3 +181,39 @@ def _discard(stream: Any, shown_url: str) -> None:
     # Mark closed without committing: AbstractBufferedFile.close() would complete the upload.
     with contextlib.suppress(Exception):
         stream.closed = True
+
+
+def create_exclusive(
+    fs: Any, path: str, data: bytes, shown: str, options: ReadOptions | None = None
+) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; True if this call created it.
+
+    Local files: a complete temporary is hard-linked to the name (the link fails if the name
+    exists, so two writers never both win). S3: a ``PutObject`` with ``If-None-Match: *``.
+    Elsewhere, and on S3 servers without conditional writes: a check, then an atomic write (two
+    writers racing in between may both write; callers compare the bytes afterwards).
+    """
+    if is_local_fs(fs):
+        folder, base = os.path.split(path)
+        temporary = os.path.join(folder, f".{base}.tmp-{uuid.uuid4().hex}")
+        with open(temporary, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temporary)
+        return True
+    if _has_atomic_put(fs):
+        created = put_if_absent(fs, path, data, options or ReadOptions())
+        if created is not None:
+            forget_listings(fs, path)
+            return created
+    if fs.exists(path):
+        return False
+    with atomic_write(fs, path, shown, max(1, len(data)), options) as stream:
+        stream.write(data)
+    return True

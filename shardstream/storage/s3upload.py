@@ -27,7 +27,7 @@ from typing import Any
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.retry import Retrier, client_error_code
 
-__all__ = ["S3Upload", "open_s3_upload"]
+__all__ = ["S3Upload", "open_s3_upload", "put_if_absent"]
 
 #: Parts uploading at once per open object (each holds one part in memory).
 DEFAULT_IN_FLIGHT = 2
@@ -246,3 +246,32 @@ def open_s3_upload(
         return None
     bucket, key, _ = fs.split_path(path)
     return S3Upload(client, bucket, key, shown, part_size, options, secrets)
+
+
+#: Answers of a server that refused a conditional ``PutObject`` because the key exists (412), or
+#: because another conditional write of the key was under way (409).
+_EXISTS_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict"})
+
+
+def put_if_absent(fs: Any, path: str, data: bytes, options: ReadOptions) -> bool | None:
+    """``PutObject`` with ``If-None-Match: *``: True if created, False if the key exists.
+
+    None where it cannot be asked this way (no plain client for ``fs``) or the server does not
+    support conditional writes (``NotImplemented``): the caller then checks and writes itself.
+    """
+    from shardstream.storage.s3sync import sync_client
+
+    client = sync_client(fs, options.timeout_s, 2 * DEFAULT_IN_FLIGHT + 8)
+    if client is None:
+        return None
+    bucket, key, _ = fs.split_path(path)
+    try:
+        client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+    except Exception as error:
+        code, status = client_error_code(error)
+        if code in _EXISTS_CODES or status in (409, 412):
+            return False
+        if code == "NotImplemented" or status == 501:
+            return None
+        raise
+    return True

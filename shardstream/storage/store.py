@@ -290,6 +290,19 @@ class Store:
         ) as stream:
             yield stream
 
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Create ``name`` holding ``data`` unless it exists; True if this call created it.
+
+        Two writers never both succeed locally or on S3 servers with conditional writes
+        (``If-None-Match: *``). See :func:`shardstream.storage.files.create_exclusive`.
+
+        Example:
+            >>> Store("/tmp/out").create_exclusive("claim.json", b"{}")  # doctest: +SKIP
+            True
+        """
+        fs, path = self._path(name)
+        return files.create_exclusive(fs, path, data, self.shown(name), self.read_options)
+
     def move(self, source: str, target: str, into: Store | None = None) -> None:
         """Move ``source`` to ``target`` under the root (of ``into``, on the same storage).
 

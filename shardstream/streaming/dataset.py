@@ -29,6 +29,7 @@ from shardstream.streaming.resumestate import (
 )
 from shardstream.streaming.settings import Settings
 from shardstream.streaming.shardlist import ShardList, Source, resolve_source
+from shardstream.streaming.versions import DatasetVersion, VersionNumber, VersionSet, reopen
 from shardstream.streaming.worker import batch as batching
 from shardstream.streaming.worker.channel import EpochChannel
 from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
@@ -72,12 +73,19 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             logging and counting them.
         options: Less common settings, see :class:`StreamOptions`.
         epoch_size: Samples per epoch over all ranks, for a mixture with proportions.
+        version: Pin this version of a dataset that grows (``build_shards(..., append=True)``);
+            None reads the newest published when the dataset is made. A resumed epoch reads
+            the version it began with either way (see :mod:`shardstream.streaming.versions`).
 
     Epochs: each new pass over the dataset moves to the next epoch by itself (new shard order
     and shuffles), whatever loader runs it and whether its workers persist; ``set_epoch(n)``
     pins the epoch instead, and reaches persistent workers too. The dataset follows the
     ``Stateful`` protocol (``state_dict``/``load_state_dict`` per worker), so torchdata's
     ``StatefulDataLoader`` resumes it mid-epoch exactly.
+
+    Versions: a dataset that grows is read at one version per epoch (``self.version``: the
+    newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
+    state records, the next epoch ``self.version`` (see :mod:`shardstream.streaming.versions`).
 
     Example:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
@@ -99,13 +107,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         on_error: str = "raise",
         options: StreamOptions | None = None,
         epoch_size: int | None = None,
+        version: int | None = None,
     ) -> None:
         self.settings = Settings(
             seed, shuffle, policy, batch_size, on_error, epoch_size, options or StreamOptions()
         )
         self.mixture: Mixture | None = None
+        self._streams: list[Stream] = []  # a mixture's, to open it at other versions
         self.manifest: Manifest | None = None
-        self.shards = self._resolve(source)
+        self.shards = self._resolve(source, version)
         self.settings = self.settings.with_facts(self.shards.facts())
         self.convert = SampleConverter(
             decode, transform, self.options.output, self.options.allow_pickle,
@@ -114,18 +124,34 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.channel = EpochChannel()
         self.stats_board = StatsBoard() if self.options.stats else None
         self.passes = PassCache(self.shards, self.mixture, self.settings.plan)
+        self.version: VersionNumber = self.manifest.version if self.manifest else None
+        if self.mixture is not None:
+            self.version = self.mixture.versions
+        opened = DatasetVersion(
+            self.version, self.shards, self.manifest, self.passes, self.settings, self.mixture
+        )
+        self.versions = VersionSet(source, opened, self._open_version)
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
         self._running: WorkerPass | None = None  # the pass under way in this process
         # DataLoader workers do not see torch.distributed: read rank and world size here, in the
         # training process (again in set_epoch), and hand them to the workers with the dataset.
         self._ranks = self._read_ranks()
 
-    def _resolve(self, source: Source | Stream | Sequence[Stream]) -> ShardList:
+    def _open_version(self, number: Any) -> DatasetVersion:
+        """Another version of this dataset (a resumed epoch may read an older one)."""
+        return reopen(self.versions.source, self._streams, number, self.settings)
+
+    def _resolve(
+        self, source: Source | Stream | Sequence[Stream], version: int | None
+    ) -> ShardList:
         options = self.options
         streams = [source] if isinstance(source, Stream) else source
         if isinstance(streams, (list, tuple)) and any(isinstance(s, Stream) for s in streams):
             if not all(isinstance(item, Stream) for item in streams):
                 raise ConfigError("a mixture takes Stream(...) items only; wrap every source")
+            if version is not None:
+                raise ConfigError("a mixture pins versions per stream: Stream(..., version=N)")
+            self._streams = [cast(Stream, stream) for stream in streams]
             self.mixture = Mixture(
                 streams, self.settings.epoch_size, self.settings.seed, options.storage_options,
                 options.read_options,
@@ -134,7 +160,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         if self.settings.epoch_size is not None:
             raise ConfigError("epoch_size is for mixtures of Stream(...) sources")
         _, shards, self.manifest = resolve_source(
-            cast(Source, source), options.storage_options, options.read_options
+            cast(Source, source), options.storage_options, options.read_options, version
         )
         return shards
 
@@ -177,13 +203,17 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         workers = context.num_workers if num_workers is None else max(1, num_workers)
         return Layout(context.world_size, workers, self.settings.micro_batch)
 
-    def fingerprint(self) -> dict[str, Any]:
-        """The settings and dataset facts that fix which samples an epoch holds, in order."""
+    def fingerprint(self, version: VersionNumber = None) -> dict[str, Any]:
+        """The settings and dataset facts that fix which samples an epoch holds, in order.
+
+        ``version``: of that version of the dataset (None: the opened one).
+        """
+        opened = self.versions.get(version)
         return {
-            **self.settings.fingerprint(),
-            "num_shards": len(self.shards),
-            "num_samples": self.manifest.num_samples if self.manifest else None,
-            "mixture": self.mixture.fingerprint() if self.mixture else None,
+            **opened.settings.fingerprint(),
+            "num_shards": len(opened.shards),
+            "num_samples": opened.manifest.num_samples if opened.manifest else None,
+            "mixture": opened.mixture.fingerprint() if opened.mixture else None,
             "canonical": [self.options.canonical_ranks, self.options.canonical_workers],
         }
 
@@ -218,7 +248,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     def plan(self, state: PassState, physical: Layout) -> PassPlan:
         """The pass ``state`` describes (its plan layout, or a fresh one for ``physical``)."""
         layout = state.plan or self.settings.plan_layout(physical)
-        return self.passes.plan(state.epoch, state.history, layout)
+        passes = self.versions.get(state.dataset_version).passes
+        return passes.plan(state.epoch, state.history, layout)
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -228,7 +259,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         running = start_pass(self, context, pending)
         self._running = running
         stats = running.stats
-        reader = ShardReader(self.shards, self.settings.read(self.mixture is not None), stats)
+        shards = self.versions.get(running.state.dataset_version).shards
+        reader = ShardReader(shards, self.settings.read(self.mixture is not None), stats)
         collate = functools.partial(
             batching.collate_pairs if self.options.output == "pair" else batching.collate_dicts,
             buffers=self.options.batch_buffers,
@@ -241,7 +273,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         batcher = Batcher(self.convert, self.batch_size, collate, self.settings.on_error, clock)
         if running.plan is None:  # no manifest: whole shards
             whole = plan_whole_shards(
-                len(self.shards), self.settings.seed, self.settings.shuffle, running.state.epoch,
+                len(shards), self.settings.seed, self.settings.shuffle, running.state.epoch,
                 context.rank, context.world_size, context.worker, context.num_workers,
                 running.start,
             )  # fmt: skip
@@ -275,7 +307,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             "token": running.token if running else 0,
             "worker": context.worker,
             **self.layout(context.num_workers).as_dict(),
-            "fingerprint": self.fingerprint(),
+            "fingerprint": self.fingerprint(state.dataset_version),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -286,13 +318,14 @@ class StreamingDataset(torch.utils.data.IterableDataset):
                 settings, world size, worker count or batch size differ (names the field).
         """
         check_version(state)
-        check_fingerprint(state["fingerprint"], self.fingerprint())
+        number = self.versions.number_for(state)
+        check_fingerprint(state["fingerprint"], self.fingerprint(number))
         context = self.context()
         check_layout(
             layout_from_dict(state), self.layout(context.num_workers), elastic=False,
             allow_new_batch_size=False,
         )  # fmt: skip
-        self._pending = dict(state)
+        self._pending = {**state, "dataset_version": number}
         # Should this pass be thrown away (a loader that finished its epoch starts afresh),
         # the next fresh pass of this worker still moves on to the following epoch.
         self.channel.restored(context.worker, context.num_workers, int(state["epoch"]))

@@ -137,7 +137,8 @@ def _fresh(dataset: StreamingDataset, context: Context, state: PassState, token:
         role, served = role_after(context.worker, context.num_workers, state.consumed)
         return WorkerPass(state, None, 0, role, token, WorkerStats(batches=served))
     plan = dataset.plan(state, dataset.layout(context.num_workers))
-    state = dataclasses.replace(state, plan=plan.layout)
+    version = dataset.version if state.dataset_version is None else state.dataset_version
+    state = dataclasses.replace(state, plan=plan.layout, dataset_version=version)
     return WorkerPass(state, plan, state.consumed, context.worker, token, WorkerStats())
 
 

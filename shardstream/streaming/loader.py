@@ -73,6 +73,8 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
 
     def _planned(self, state: PassState) -> PassState:
         """``state`` with its pass's plan layout fixed (a fresh pass: from this layout)."""
+        if state.dataset_version is None:  # a fresh epoch reads the version the dataset opened
+            state = dataclasses.replace(state, dataset_version=self.dataset.version)
         if state.plan is not None or not self.dataset.counted:
             return state
         return dataclasses.replace(state, plan=self.dataset.settings.plan_layout(self._physical()))
@@ -147,7 +149,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             "version": STATE_VERSION,
             **state.as_dict(),
             **self._physical().as_dict(),
-            "fingerprint": self.dataset.fingerprint(),
+            "fingerprint": self.dataset.fingerprint(state.dataset_version),
         }
 
     def load_state_dict(self, state: dict[str, Any], allow_new_batch_size: bool = False) -> None:
@@ -165,10 +167,11 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 without counts is resumed at another layout.
         """
         check_version(state)
-        check_fingerprint(state["fingerprint"], self.dataset.fingerprint())
+        number = self.dataset.versions.number_for(state)
+        check_fingerprint(state["fingerprint"], self.dataset.fingerprint(number))
         saved, current = layout_from_dict(state), self._physical()
         check_layout(saved, current, elastic=True, allow_new_batch_size=allow_new_batch_size)
-        restored = PassState.from_dict(state)
+        restored = dataclasses.replace(PassState.from_dict(state), dataset_version=number)
         if not self.dataset.counted:
             if saved != current or restored.history:
                 raise ConfigError(
@@ -178,7 +181,9 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 )
         elif restored.plan is None or not _continues(restored.plan, current):
             record = PassRecord(restored.plan or saved, restored.consumed)
-            restored = PassState(restored.epoch, (*restored.history, record))
+            restored = dataclasses.replace(
+                restored, history=(*restored.history, record), plan=None, consumed=0
+            )
         self._state = self._planned(restored)
         self._finished = False
         self._pins_seen = self.dataset.channel.pin_count

@@ -36,6 +36,8 @@ class Stream:
         name: Shown in summaries; defaults to the source.
         storage_options: fsspec options for this stream's URLs.
         read_options: Retries, read-ahead and cache for this stream.
+        version: Pin this version of a dataset that grows (None: the newest when the mixture
+            is made).
 
     Example:
         >>> Stream("s3://bucket/web", proportion=0.7).proportion
@@ -48,6 +50,7 @@ class Stream:
     name: str | None = None
     storage_options: Mapping[str, Any] | None = None
     read_options: ReadOptions | None = None
+    version: int | None = None
 
 
 class Mixture:
@@ -71,12 +74,13 @@ class Mixture:
     ) -> None:
         if not streams:
             raise ConfigError("a mixture needs at least one Stream")
-        sources, self.names = [], []
+        sources, self.names, versions = [], [], []
         for index, stream in enumerate(streams):
             store, _, manifest = resolve_source(
                 stream.source,
                 stream.storage_options if stream.storage_options is not None else storage_options,
                 stream.read_options if stream.read_options is not None else read_options,
+                stream.version,
             )
             if manifest is None:
                 raise ConfigError(
@@ -86,6 +90,9 @@ class Mixture:
                 )
             sources.append(source_of(store, manifest))
             self.names.append(stream.name or store.shown())
+            versions.append(manifest.version)
+        #: The version of every stream's dataset read (see :mod:`shardstream.streaming.versions`).
+        self.versions = tuple(versions)
         self.shards = ShardList(sources)
         sizes = [int(self.shards.counts(i).sum()) for i in range(len(streams))]
         self.quotas = stream_quotas(

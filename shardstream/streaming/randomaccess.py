@@ -38,6 +38,8 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         transform: Applied to each decoded image.
         options: ``output``, ``allow_pickle``, ``max_member_bytes``, ``memory_map``, and
             ``storage_options``/``read_options`` for remote datasets.
+        version: Read this version of a dataset that grew (None: the newest); positions
+            ``0 .. len-1`` of a version never change as the dataset grows.
 
     Example:
         >>> ds = RandomAccessDataset("s3://bucket/val", decode="pil",
@@ -52,11 +54,14 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         decode: str | Callable[[bytes, str], Any] = "rgb8",
         transform: Callable[[Any], Any] | None = None,
         options: StreamOptions | None = None,
+        version: int | None = None,
     ) -> None:
         self.options = options or StreamOptions()
         _, self.shards, manifest = resolve_source(
-            source, self.options.storage_options, self.options.read_options
+            source, self.options.storage_options, self.options.read_options, version
         )
+        #: The dataset version read (positions stay valid for it, however the dataset grows).
+        self.version = manifest.version if manifest is not None else None
         if manifest is None:
             raise ConfigError(
                 f"{source!r} has no manifest, so positions are unknown; run `shardstream "

@@ -15,6 +15,9 @@ restores every rank:
   loaders restore each worker's state into the same worker, so the world size and worker count
   must stay the same.
 
+Both record the version of a growing dataset the epoch reads (``dataset_version``; states
+saved before versions existed have none and were saved on version 1).
+
 In both, the settings that fix which samples an epoch holds and in which order (seed, shuffle,
 policy, the dataset itself and the reading settings) must not change; a change is refused with
 an error naming the setting, its saved and its current value.
@@ -50,12 +53,15 @@ class PassState:
         plan: The current pass's plan layout, or None before the pass is planned.
         consumed: Steps consumed in the current pass (by the rank; for a worker's state, the
             steps it served).
+        dataset_version: The version of a growing dataset the epoch reads (None: the version
+            the dataset opened; see :mod:`shardstream.streaming.versions`).
     """
 
     epoch: int
     history: tuple[PassRecord, ...] = ()
     plan: Layout | None = None
     consumed: int = 0
+    dataset_version: int | tuple[int, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values."""
@@ -64,6 +70,11 @@ class PassState:
             "history": [record.as_dict() for record in self.history],
             "plan": self.plan.as_dict() if self.plan is not None else None,
             "consumed_batches": self.consumed,
+            "dataset_version": (
+                list(self.dataset_version)
+                if isinstance(self.dataset_version, tuple)
+                else self.dataset_version
+            ),
         }
 
     @classmethod
@@ -75,16 +86,27 @@ class PassState:
         """
         try:
             plan = data.get("plan")
+            version = data.get("dataset_version")
             return cls(
                 int(data["epoch"]),
                 tuple(PassRecord.from_dict(dict(item)) for item in data.get("history", ())),
                 layout_from_dict(plan) if plan is not None else None,
                 int(data.get("consumed_batches", 0)),
+                _version(version),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ConfigError(
                 f"malformed resume state ({error!r}); was it saved by shardstream?"
             ) from error
+
+
+def _version(value: Any) -> int | tuple[int, ...] | None:
+    """A dataset version from plain values (a mixture's: its streams' versions, as a list)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(int(item) for item in value)
+    return int(value)
 
 
 def layout_from_dict(data: Mapping[str, Any]) -> Layout:

@@ -14,6 +14,7 @@ from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
+from shardstream.format.versions import read_version
 from shardstream.storage import ReadOptions, StorageOptions, Store
 from shardstream.streaming.planning.order import DatasetFacts
 
@@ -127,6 +128,7 @@ def resolve_source(
     source: Source,
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
+    version: int | None = None,
 ) -> tuple[Store, ShardList, Manifest | None]:
     """Expand a source into a store and its shards, reading the manifest of a dataset folder.
 
@@ -135,13 +137,14 @@ def resolve_source(
             pattern such as ``"s3://b/train-{000000..001023}.tar"``; or a list of shard URLs.
         storage_options: fsspec options (credentials, endpoint) for remote URLs.
         read_options: Retries, read-ahead and cache for reading the shards.
+        version: The dataset version to read (None: the newest); for dataset folders only.
 
     Returns:
         The dataset's store, the shards, and the manifest (None for patterns and lists:
         counts are unknown).
 
     Raises:
-        ManifestNotFoundError: A folder without ``manifest.json``.
+        ManifestNotFoundError: A folder without ``manifest.json``, or without ``version``.
         ConfigError: The source expands to no shards, or to shards on different storage.
 
     Example:
@@ -155,12 +158,14 @@ def resolve_source(
             urls = list(braceexpand.braceexpand(text))
         else:
             store = Store(text, storage_options, read_options)
-            manifest = read_manifest(store)
+            manifest = read_manifest(store) if version is None else read_version(store, version)
             if not len(manifest.shards):
                 raise ConfigError(f"{store.shown()}: the manifest lists no shards")
             return store, ShardList([source_of(store, manifest)]), manifest
     else:
         urls = [os.fspath(url) for url in source]
+    if version is not None:
+        raise ConfigError(f"{source!r}: version={version} needs a dataset folder with a manifest")
     if not urls:
         raise ConfigError(f"{source!r} names no shards; pass a folder, a pattern or a URL list")
     store, names = Store.for_urls(urls, storage_options, read_options)

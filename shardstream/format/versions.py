@@ -1,0 +1,161 @@
+"""Dataset versions: immutable versioned manifests, and ``manifest.json`` pointing at the newest.
+
+A dataset that grows (``build_shards(..., append=True)``) publishes a new version each time::
+
+    DATASET/manifest.v000001.json     version 1 (a copy of the first build's manifest.json)
+    DATASET/manifest.v000002.json     version 2: every shard of version 1, then the new ones
+    DATASET/manifest.v000002.shards   its binary shard table, when it has one (format 2)
+    DATASET/manifest.json             the published version: the same bytes as the newest
+
+A versioned file is created once and never rewritten: it is written with an exclusive create
+(a hard link locally, ``If-None-Match: *`` on S3), so of two appends of the same version one
+wins and the other is refused. ``manifest.json`` is replaced last, in one atomic step (a rename
+locally, a single ``PutObject`` on S3): readers see the old version or the new one, never a mix,
+and readers that know nothing of versions keep reading ``manifest.json``. A manifest without a
+``version`` field is version 1; a dataset that never grew has no versioned files at all.
+
+Shards are only ever added, so every version's shards are a prefix of the newest one's:
+pruning an old version removes its manifest files, never a shard.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from shardstream.errors import DatasetExistsError, ManifestError, ManifestNotFoundError
+from shardstream.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    encode_manifest,
+    read_manifest_file,
+)
+from shardstream.storage import Store
+
+__all__ = [
+    "list_versions",
+    "prune_versions",
+    "publish_version",
+    "published_version",
+    "read_version",
+    "version_name",
+]
+
+_VERSIONED = re.compile(r"^manifest\.v(\d{6,})\.json$")
+
+
+def version_name(version: int, suffix: str = "json") -> str:
+    """``manifest.v000002.json`` (``suffix="shards"``: its shard table)."""
+    return f"manifest.v{version:06d}.{suffix}"
+
+
+def list_versions(store: Store) -> list[int]:
+    """Every version of the dataset that can still be read, oldest first.
+
+    Example:
+        >>> list_versions(Store("shards/train"))  # doctest: +SKIP
+        [1, 2, 3]
+    """
+    names = store.list_names()
+    versions = {int(m.group(1)) for m in map(_VERSIONED.match, names) if m is not None}
+    if MANIFEST_NAME in names:
+        versions.add(published_version(store))
+    return sorted(versions)
+
+
+def published_version(store: Store) -> int:
+    """The version ``manifest.json`` describes (1 when it has no ``version`` field)."""
+    try:
+        version = json.loads(store.read_bytes(MANIFEST_NAME)).get("version", 1)
+    except (ValueError, AttributeError) as error:
+        raise ManifestError(f"{store.shown(MANIFEST_NAME)}: not valid JSON ({error})") from error
+    return int(version)
+
+
+def read_version(store: Store, version: int) -> Manifest:
+    """The manifest of ``version`` (published by a build or an append, and not pruned).
+
+    Raises:
+        ManifestNotFoundError: No such version (never published, or pruned); names the ones
+            that exist.
+    """
+    name = version_name(version)
+    if store.exists(name):
+        return read_manifest_file(store, name)
+    if store.exists(MANIFEST_NAME) and published_version(store) == version:
+        return read_manifest_file(store, MANIFEST_NAME)
+    raise ManifestNotFoundError(
+        f"{store.shown()}: has no version {version} (versions that can be read: "
+        f"{list_versions(store) or 'none'}); it was never published or `shardstream prune` "
+        "removed it. Read another version, or the newest with version=None."
+    )
+
+
+def publish_version(store: Store, manifest: Manifest) -> str:
+    """Publish ``manifest`` as version ``manifest.version``; ``manifest.json`` last.
+
+    Idempotent for the same manifest (a rerun after a kill finds its own files and goes on).
+    Before the first append, the dataset's version 1 is kept as ``manifest.v000001.json``.
+
+    Raises:
+        DatasetExistsError: Another writer published this version with other contents.
+    """
+    version = manifest.version
+    if version > 1:
+        _keep_previous(store, version - 1)
+    text, table = encode_manifest(manifest, version_name(version, "shards"), store.shown())
+    if table is not None:
+        _create_once(store, version_name(version, "shards"), table, version)
+    _create_once(store, version_name(version), text, version)
+    with store.open_atomic_write(MANIFEST_NAME) as stream:
+        stream.write(text)
+    return store.url(MANIFEST_NAME)
+
+
+def _keep_previous(store: Store, previous: int) -> None:
+    """Keep the published version under its own name before ``manifest.json`` moves on."""
+    name = version_name(previous)
+    if store.exists(name) or not store.exists(MANIFEST_NAME):
+        return
+    data = store.read_bytes(MANIFEST_NAME)
+    if int(json.loads(data).get("version", 1)) == previous:
+        store.create_exclusive(name, data)
+
+
+def _create_once(store: Store, name: str, data: bytes, version: int) -> None:
+    if store.create_exclusive(name, data) or store.read_bytes(name) == data:
+        return
+    raise DatasetExistsError(
+        f"{store.shown()}: version {version} was published by another append meanwhile "
+        f"({name} exists with other contents), so this append is refused. Run the same command "
+        "again to append on top of the new version."
+    )
+
+
+def prune_versions(store: Store, keep: int = 1) -> list[int]:
+    """Remove all but the newest ``keep`` versions' manifests; return the versions removed.
+
+    Shards are never removed: every version's shards are also the newest version's.
+
+    Example:
+        >>> prune_versions(Store("shards/train"), keep=2)  # doctest: +SKIP
+        [1, 2]
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the published version), got {keep}")
+    versions = list_versions(store)
+    newest = published_version(store)
+    published_table = _table_of(store, MANIFEST_NAME)
+    removed = [v for v in versions[: max(0, len(versions) - keep)] if v != newest]
+    for version in removed:
+        name = version_name(version)
+        table = _table_of(store, name) if store.exists(name) else None
+        if table is not None and table != published_table:
+            store.remove(table)
+        store.remove(name)
+    return removed
+
+
+def _table_of(store: Store, name: str) -> str | None:
+    entry = json.loads(store.read_bytes(name)).get("shard_table")
+    return entry.get("name") if isinstance(entry, dict) else None
