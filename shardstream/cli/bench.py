@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from shardstream.cli.common import add_common, progress_updates, storage_options
@@ -42,49 +43,43 @@ def add_bench(subparsers: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    if args.shuffle:
-        return _run_mix_check(args)
-    from shardstream.streaming.bench import BenchOptions, format_report, run_bench
     from shardstream.streaming.options import StreamOptions
+
+    stream = StreamOptions(storage_options=storage_options(args))
+    if args.shuffle:
+        from shardstream.streaming.mixcheck import MixCheckOptions, check_mix, format_mix_report
+
+        mix = MixCheckOptions(
+            workers=args.workers, batch_size=args.batch_size, world_size=args.ranks,
+            batches=args.batches, label=args.label, seed=args.seed,
+        )  # fmt: skip
+        title = (f"{args.dataset}: batches of {args.batch_size}, {args.workers} workers, "
+                 f"rank 0 of {args.ranks}, seed {args.seed}")  # fmt: skip
+        return _report(args, lambda progress: check_mix(
+            args.dataset, mix, stream_options=stream, progress=progress), title, format_mix_report)
+    from shardstream.streaming.bench import BenchOptions, format_report, run_bench
 
     options = BenchOptions(
         workers=args.workers, batch_size=args.batch_size, mode=args.mode,
         batches=args.batches, seconds=args.seconds,
     )  # fmt: skip
-    stream = StreamOptions(storage_options=storage_options(args))
+    title = f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}"
+    return _report(args, lambda progress: run_bench(
+        args.dataset, options, stream_options=stream, progress=progress), title, format_report)
+
+
+def _report(
+    args: argparse.Namespace,
+    measure: Callable[[Callable[[int], None] | None], dict[str, Any]],
+    title: str,
+    format_summary: Callable[[dict[str, Any]], str],
+) -> int:
+    """Run ``measure`` with a progress bar, then print its summary as JSON or a table."""
     with progress_updates(args.quiet or args.json, unit="batches") as update:
-        summary = run_bench(
-            args.dataset, options, stream_options=stream,
-            progress=(lambda done: update(done, 0, options.batches, None)) if update else None,
-        )  # fmt: skip
+        summary = measure((lambda done: update(done, 0, args.batches, None)) if update else None)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}")
-        print(format_report(summary))
-    return 0
-
-
-def _run_mix_check(args: argparse.Namespace) -> int:
-    from shardstream.streaming.mixcheck import MixCheckOptions, check_mix, format_mix_report
-    from shardstream.streaming.options import StreamOptions
-
-    options = MixCheckOptions(
-        workers=args.workers, batch_size=args.batch_size, world_size=args.ranks,
-        batches=args.batches, label=args.label, seed=args.seed,
-    )  # fmt: skip
-    stream = StreamOptions(storage_options=storage_options(args))
-    with progress_updates(args.quiet or args.json, unit="batches") as update:
-        summary = check_mix(
-            args.dataset, options, stream_options=stream,
-            progress=(lambda done: update(done, 0, options.batches, None)) if update else None,
-        )  # fmt: skip
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(
-            f"{args.dataset}: batches of {args.batch_size}, {args.workers} workers, rank 0 of "
-            f"{args.ranks}, seed {args.seed}"
-        )
-        print(format_mix_report(summary))
+        print(title)
+        print(format_summary(summary))
     return 0

@@ -21,7 +21,14 @@ from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.shardlist import Source
 from shardstream.streaming.stats import bottleneck
 
-__all__ = ["BenchOptions", "advice", "format_report", "run_bench", "train_transform"]
+__all__ = [
+    "BenchOptions",
+    "advice",
+    "format_report",
+    "format_table",
+    "run_bench",
+    "train_transform",
+]
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -176,7 +183,12 @@ def format_report(summary: dict[str, Any]) -> str:
         ("skipped samples", f"{summary['skipped']}"),
         ("bottleneck", summary["bottleneck"]),
     ]
+    return format_table(rows, summary["advice"])
+
+
+def format_table(rows: list[tuple[str, str]], advice: list[str]) -> str:
+    """``(measure, value)`` rows as a Markdown table, then the advice as a list."""
     width = max(len(name) for name, _ in rows)
     lines = [f"| {'measure'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
     lines += [f"| {name.ljust(width)} | {value} |" for name, value in rows]
-    return "\n".join(lines + [""] + [f"- {line}" for line in summary["advice"]])
+    return "\n".join(lines + [""] + [f"- {line}" for line in advice])

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.bench import format_table
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.loader import StreamingDataLoader
 from shardstream.streaming.mixmetrics import distinct_per_batch, random_distinct, spearman
@@ -237,8 +238,4 @@ def format_mix_report(summary: dict[str, Any]) -> str:
          f"{order['piece_size']}"),
         ("random figure from", summary["baseline"]),
     ]  # fmt: skip
-    width = max(len(name) for name, _ in rows)
-    lines = [f"| {'measure'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
-    lines += [f"| {name.ljust(width)} | {value} |" for name, value in rows]
-    advice = summary["advice"] or ["both figures are as good as a random order's"]
-    return "\n".join(lines + [""] + [f"- {line}" for line in advice])
+    return format_table(rows, summary["advice"] or ["both figures are as good as a random order's"])

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
-import os
 import pathlib
 import signal
 import warnings
@@ -26,6 +24,7 @@ from shardstream.storage.s3upload import S3Upload
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET
 from tests.shardwriter.growth import write_day
+from tests.shardwriter.helpers import kill_at
 
 OPTIONS: dict[str, Any] = {"max_samples_per_shard": 2}
 
@@ -113,16 +112,7 @@ KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
 
 def _append_and_kill_at(point: str, nth: int, source: Any, dest: str, options: Any) -> None:
     fsspec.AbstractFileSystem.clear_instance_cache()  # no event loop of the parent's
-    owner, name, when = KILL_POINTS[point]
-    original = getattr(owner, name)
-    matching = itertools.count(1)
-
-    def killing(*args: Any, **kwargs: Any) -> Any:
-        if when(args) and next(matching) == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, killing)
+    kill_at(*KILL_POINTS[point], nth)
     build_shards(source, dest, storage_options=options, append=True, **OPTIONS)
 
 

@@ -1,11 +1,17 @@
-"""Helpers shared by the shard writer tests: read shards back with the webdataset library."""
+"""Helpers shared by the shard writer tests: read shards back with the webdataset library, and
+kill a build at a chosen call."""
 
 from __future__ import annotations
 
 import gc
+import itertools
+import os
 import pathlib
+import signal
 import tarfile
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import webdataset as wds
 
@@ -45,3 +51,20 @@ def dataset_bytes(dest: pathlib.Path) -> dict[str, bytes]:
 
 def manifest_of(dest: pathlib.Path) -> Manifest:
     return read_manifest(str(dest))
+
+
+def kill_at(owner: Any, name: str, when: Callable[[tuple[Any, ...]], bool], nth: int) -> None:
+    """Make ``owner.name`` SIGKILL this process at its ``nth`` call whose args ``when`` accepts.
+
+    For forked children of the kill tests: the child runs a build after this and never returns
+    normally when the point is reached.
+    """
+    original = getattr(owner, name)
+    matching = itertools.count(1)
+
+    def killing(*args: Any, **kwargs: Any) -> Any:
+        if when(args) and next(matching) == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return original(*args, **kwargs)
+
+    setattr(owner, name, killing)

@@ -8,7 +8,6 @@ Also: two appends at once (one waits inside its append while the other starts).
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import pathlib
@@ -29,7 +28,7 @@ from shardstream.storage import Store
 from shardstream.storage import files as storage_files
 
 from .growth import write_day
-from .helpers import dataset_bytes
+from .helpers import dataset_bytes, kill_at
 
 STATE = "_shardstream_build"
 OPTIONS: dict[str, Any] = {"max_samples_per_shard": 2, "resize": 16}
@@ -55,16 +54,7 @@ KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
 
 def _append_and_kill_at(point: str, nth: int, source: pathlib.Path, dest: pathlib.Path) -> None:
     """Forked child: append, with a SIGKILL of this process at the nth matching call."""
-    owner, name, when = KILL_POINTS[point]
-    original = getattr(owner, name)
-    matching = itertools.count(1)
-
-    def killing(*args: Any, **kwargs: Any) -> Any:
-        if when(args) and next(matching) == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, killing)
+    kill_at(*KILL_POINTS[point], nth)
     build_shards(source, dest, append=True, **OPTIONS)
 
 

@@ -8,7 +8,6 @@ library has no test hooks, so the child patches the function at that point).
 
 from __future__ import annotations
 
-import itertools
 import multiprocessing
 import os
 import pathlib
@@ -28,7 +27,7 @@ from shardstream.shardwriter import build, build_shards, sources, state
 from shardstream.storage import files as storage_files
 
 from ..conftest import encode_image, write_image_folder
-from .helpers import dataset_bytes
+from .helpers import dataset_bytes, kill_at
 
 pytestmark = pytest.mark.slow
 
@@ -144,16 +143,7 @@ def test_killed_at_random_times_then_rerun(tree, tmp_path, options):
 
 def _build_and_kill_at(point: str, nth: int, source: pathlib.Path, dest: pathlib.Path) -> None:
     """Forked child: build, with a SIGKILL of this process at the nth matching call of point."""
-    owner, name, when = KILL_POINTS[point]
-    original = getattr(owner, name)
-    matching = itertools.count(1)
-
-    def killing(*args: Any, **kwargs: Any) -> Any:
-        if when(args) and next(matching) == nth:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return original(*args, **kwargs)
-
-    setattr(owner, name, killing)
+    kill_at(*KILL_POINTS[point], nth)
     build_shards(source, dest, **BUILD_OPTIONS)
 
 
