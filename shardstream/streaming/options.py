@@ -8,7 +8,6 @@ from typing import Any
 
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
-from shardstream.streaming.planning.split import DEFAULT_BLOCK_SIZE
 
 __all__ = ["StreamOptions"]
 
@@ -34,6 +33,7 @@ class StreamOptions:
             of releases before 0.3). None chooses from the dataset: a piece for indexed
             shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
+            None chooses from the dataset: 64, or four pieces remotely.
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
             (counted datasets are ordered by their windows and need no buffer).
         canonical_ranks: Plan every epoch for this many ranks, whatever the world size: then
@@ -73,7 +73,7 @@ class StreamOptions:
     num_open: int | None = None
     piece_size: int | None = None
     chunk_size: int | None = None
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int | None = None
     shuffle_buffer: int = 1000
     canonical_ranks: int | None = None
     canonical_workers: int | None = None

@@ -56,7 +56,7 @@ class Settings:
         _check_range("batch_buffers", options.batch_buffers, 0, 64)
         _check_range("shuffle_buffer", options.shuffle_buffer, 0, None)
         _check_range("max_member_bytes", options.max_member_bytes, 1, None)
-        for name in ("num_open", "piece_size", "chunk_size"):
+        for name in ("num_open", "piece_size", "chunk_size", "block_size"):
             if getattr(options, name) is not None:
                 _check_range(name, getattr(options, name), 0 if name == "chunk_size" else 1, None)
         if options.canonical_workers is not None and options.canonical_ranks is None:
@@ -79,7 +79,10 @@ class Settings:
     def order(self) -> OrderChoice:
         """The order's chunk size, lanes and piece size: as set, or chosen from the facts."""
         options = self.options
-        return choose_order(self.facts, options.chunk_size, options.num_open, options.piece_size)
+        return choose_order(
+            self.facts, options.chunk_size, options.num_open, options.piece_size,
+            options.block_size,
+        )  # fmt: skip
 
     @property
     def open_shards(self) -> int:
@@ -93,7 +96,7 @@ class Settings:
         """What fixes the epoch's order (see :mod:`shardstream.streaming.planning`)."""
         order = self.order
         return PlanOptions(
-            self.seed, self.shuffle, self.policy, self.options.block_size, order.piece_size,
+            self.seed, self.shuffle, self.policy, order.block_size, order.piece_size,
             order.num_open, order.chunk_size,
         )  # fmt: skip
 
@@ -144,7 +147,7 @@ class Settings:
             "num_open": self.order.num_open,
             "piece_size": self.order.piece_size,
             "chunk_size": self.order.chunk_size,
-            "block_size": options.block_size,
+            "block_size": self.order.block_size,
             "shuffle_buffer": options.shuffle_buffer,
         }
 

@@ -21,9 +21,12 @@ The choice depends on what a read costs:
   about 4,096 samples from about 1,000 places. On 200 classes written one per shard, one epoch
   of SGD trains within 0.01 of a random permutation's accuracy (``benchmarks/shuffle.py``);
   chunks of 8 were within 0.015, at about 10% less CPU per sample;
-- **remote shards with an index** cost a request per piece (10-50 ms to the first byte on a
-  real object store), so a piece is at least ``MIN_REMOTE_READ_BYTES`` and the lanes are as
-  many as ``REMOTE_WINDOW_BYTES`` of such pieces hold (32 to 512);
+- **remote shards with an index** cost a request per run (10-50 ms to the first byte on a
+  real object store), so a piece is ``REMOTE_PIECE_BYTES`` of samples, and chunks and the units
+  dealt to worker streams (``block_size``) are four pieces: a piece then crosses a chunk or unit
+  boundary (which splits it into two reads from different places) about half the time, so reads
+  average over 1 MiB. The lanes are as many as ``REMOTE_WINDOW_BYTES`` of pieces hold (32 to
+  512);
 - **shards without an index** cannot be entered in the middle cheaply: whole shards in a
   shuffled order, 64 lanes of 64 samples (the order of earlier releases).
 
@@ -39,7 +42,7 @@ __all__ = [
     "LOCAL_CHUNK_SIZE",
     "LOCAL_NUM_OPEN",
     "LOCAL_PIECE_SIZE",
-    "MIN_REMOTE_READ_BYTES",
+    "REMOTE_PIECE_BYTES",
     "REMOTE_WINDOW_BYTES",
     "DatasetFacts",
     "OrderChoice",
@@ -50,12 +53,13 @@ __all__ = [
 LOCAL_CHUNK_SIZE = 4
 LOCAL_NUM_OPEN = 512
 LOCAL_PIECE_SIZE = 8
-#: The smallest ranged read from an object store that the defaults make (a request costs
-#: 10-50 ms before its first byte; 1 MiB at a few hundred MB/s costs about as much again).
-MIN_REMOTE_READ_BYTES = 1 << 20
+#: A piece from an object store (a request costs 10-50 ms before its first byte; 1 MiB at a few
+#: hundred MB/s costs about as much again, so reads should average at least that).
+REMOTE_PIECE_BYTES = 2 << 20
 #: About what one worker stream's window holds in memory when reading remote shards.
-REMOTE_WINDOW_BYTES = 128 << 20
-_UNINDEXED = (0, 64, 64)  # (chunk_size, num_open, piece_size): whole shards
+REMOTE_WINDOW_BYTES = 256 << 20
+_LOCAL_BLOCK_SIZE = 64
+_UNINDEXED = (0, 64, 64, 64)  # (chunk_size, num_open, piece_size, block_size): whole shards
 #: Shards read at once by a worker without a manifest: each is an open stream (a file, or a
 #: remote stream with its read-ahead), so remote ones are fewer.
 _OPEN_SHARDS_LOCAL = 256
@@ -79,11 +83,12 @@ class DatasetFacts:
 
 @dataclasses.dataclass(frozen=True)
 class OrderChoice:
-    """The resolved ``chunk_size``, ``num_open`` and ``piece_size``."""
+    """The resolved ``chunk_size``, ``num_open``, ``piece_size`` and ``block_size``."""
 
     chunk_size: int
     num_open: int
     piece_size: int
+    block_size: int = _LOCAL_BLOCK_SIZE
 
 
 def choose_order(
@@ -91,32 +96,32 @@ def choose_order(
     chunk_size: int | None = None,
     num_open: int | None = None,
     piece_size: int | None = None,
+    block_size: int | None = None,
 ) -> OrderChoice:
-    """The order's three numbers: those given, the rest chosen from ``facts``.
+    """The order's numbers: those given, the rest chosen from ``facts``.
 
     Example:
         >>> choose_order(DatasetFacts(indexed=True, local=True, mean_sample_bytes=110e3))
-        OrderChoice(chunk_size=4, num_open=512, piece_size=8)
+        OrderChoice(chunk_size=4, num_open=512, piece_size=8, block_size=64)
         >>> choose_order(DatasetFacts(True, False, 10e3))
-        OrderChoice(chunk_size=105, num_open=127, piece_size=105)
+        OrderChoice(chunk_size=840, num_open=127, piece_size=210, block_size=840)
         >>> choose_order(DatasetFacts(False, True, 0.0), num_open=16)
-        OrderChoice(chunk_size=0, num_open=16, piece_size=64)
+        OrderChoice(chunk_size=0, num_open=16, piece_size=64, block_size=64)
     """
+    chosen: tuple[int, int, int, int]
     if not facts.indexed:
         chosen = _UNINDEXED
     elif facts.local:
-        chosen = (LOCAL_CHUNK_SIZE, LOCAL_NUM_OPEN, LOCAL_PIECE_SIZE)
+        chosen = (LOCAL_CHUNK_SIZE, LOCAL_NUM_OPEN, LOCAL_PIECE_SIZE, _LOCAL_BLOCK_SIZE)
     else:
         sample = max(1.0, facts.mean_sample_bytes)
-        wanted = math.ceil(MIN_REMOTE_READ_BYTES / sample)
+        wanted = math.ceil(REMOTE_PIECE_BYTES / sample)
         piece = piece_size or min(4096, max(LOCAL_PIECE_SIZE, wanted))
         lanes = min(LOCAL_NUM_OPEN, max(32, int(REMOTE_WINDOW_BYTES // (piece * sample))))
-        chosen = (piece, lanes, piece)
-    return OrderChoice(
-        chosen[0] if chunk_size is None else chunk_size,
-        chosen[1] if num_open is None else num_open,
-        chosen[2] if piece_size is None else piece_size,
-    )
+        chosen = (4 * piece, lanes, piece, 4 * piece)
+    given = (chunk_size, num_open, piece_size, block_size)
+    pairs = zip(chosen, given, strict=True)
+    return OrderChoice(*(auto if value is None else value for auto, value in pairs))
 
 
 def choose_open_shards(facts: DatasetFacts, num_open: int | None = None) -> int:
