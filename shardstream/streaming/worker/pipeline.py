@@ -112,9 +112,10 @@ def run_steps(
     plan = job.plan
     cursors: dict[tuple[int, int], StreamCursor] = {}
     clock = batcher.clock
+    retried = retries_in_process()  # retries of background reads count whenever they happen
     try:
         for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
-            started, before, retried = time.perf_counter(), stats.bytes_read, retries_in_process()
+            started, before = time.perf_counter(), stats.bytes_read
             samples: list[Any] = []
             for read in reads:
                 cursor = cursors.get((read.rank, read.phase))
@@ -125,7 +126,9 @@ def run_steps(
             if clock is not None:
                 clock.read_s += time.perf_counter() - started
                 clock.bytes += stats.bytes_read - before
-                clock.retries += retries_in_process() - retried
+                now = retries_in_process()
+                clock.retries += now - retried
+                retried = now
             out = batcher.finish(samples, stats)
             stats.batches += 1
             if clock is not None:

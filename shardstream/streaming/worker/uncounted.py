@@ -45,16 +45,19 @@ def run_whole_shards(
     if plan.skip_items:  # read and dropped, not decoded
         samples = itertools.islice(samples, plan.skip_items * size, None)
     clock = batcher.clock
+    retried = retries_in_process()  # retries of background reads count whenever they happen
     try:
         while True:
-            started, before, retried = time.perf_counter(), stats.bytes_read, retries_in_process()
+            started, before = time.perf_counter(), stats.bytes_read
             chunk = list(itertools.islice(samples, size))
             if not chunk:
                 break
             if clock is not None:  # reading includes the interleave and the shuffle buffer
                 clock.read_s += time.perf_counter() - started
                 clock.bytes += stats.bytes_read - before
-                clock.retries += retries_in_process() - retried
+                now = retries_in_process()
+                clock.retries += now - retried
+                retried = now
             out = batcher.finish(chunk, stats)
             stats.batches += 1
             if clock is not None:
