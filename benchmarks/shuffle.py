@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _data import DATA_ROOT
-from _shuffle_peers import PeerRun, measure_worker_memory, run_peers
+from _peer_runs import PeerRun, iterate
+from _shuffle_peers import run_peers
 
 BATCH = 64
 FEATURES = 16
@@ -78,24 +79,21 @@ def write_shardstream(
 
 def run_shardstream(name: str, source: object, seed: int, workers: int = 2, world: int = 1,
                     **options: object) -> PeerRun:  # fmt: skip
-    """One epoch; with ``world`` > 1 every rank's loader, their batches merged step by step."""
+    """One epoch, timed and measured as the peers' (``iterate``); with ``world`` > 1 every
+    rank's loader in turn, their batches merged step by step."""
     from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 
-    per_rank: list[list[np.ndarray]] = []
-    started = time.perf_counter()
-    peak = 0.0
     extra = {"epoch_size": options.pop("epoch_size")} if "epoch_size" in options else {}
+    runs = []
     for rank in range(world):
         stream = StreamOptions(output="dict", rank=rank, world_size=world, **options)  # type: ignore[arg-type]
         dataset = StreamingDataset(source, seed=seed, decode="raw", batch_size=BATCH,  # type: ignore[arg-type]
                                    options=stream, **extra)  # fmt: skip
-        with measure_worker_memory() as memory:
-            loader = StreamingDataLoader(dataset, num_workers=workers)
-            per_rank.append([np.array([int(k) for k in b["__key__"]]) for b in loader])
-        peak = max(peak, memory.peak_mb)
-    seconds = time.perf_counter() - started
-    batches = [rank_batches[step] for step in range(len(per_rank[0])) for rank_batches in per_rank]
-    return PeerRun(name, batches, seconds, peak)
+        loader = StreamingDataLoader(dataset, num_workers=workers)
+        runs.append(iterate(name, loader, lambda batch: [int(key) for key in batch["__key__"]]))
+    batches = [run.batches[step] for step in range(len(runs[0].batches)) for run in runs]
+    return PeerRun(name, batches, sum(run.seconds for run in runs),
+                   max(run.worker_uss_mb for run in runs))  # fmt: skip
 
 
 def train_accuracy(order: np.ndarray, data: tuple[np.ndarray, ...], seed: int) -> float:

@@ -104,7 +104,7 @@ def prepare_destination(
                 "Choose another destination, pass append=True (--append) to add the source's "
                 "samples to it, or overwrite=True (--overwrite) to replace it."
             )
-    plan = _read_plan(state)
+    plan = read_plan(state)
     if plan is not None and _comparable(plan) != _comparable(settings) and not overwrite:
         raise DatasetExistsError(
             f"{dest.shown()}: holds an unfinished build with other settings or another source "
@@ -153,10 +153,6 @@ def _differences_plain(found: dict, expected: dict) -> str:
 
 def read_plan(state: Store) -> dict | None:
     """The settings a started build or append recorded, or None."""
-    return _read_plan(state)
-
-
-def _read_plan(state: Store) -> dict | None:
     try:
         return dict(json.loads(state.read_bytes(PLAN_NAME)))
     except (FileNotFoundError, ValueError):

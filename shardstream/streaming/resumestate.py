@@ -33,7 +33,14 @@ from shardstream.errors import ConfigError
 from shardstream.streaming.planning.passes import PassRecord
 from shardstream.streaming.planning.split import Layout
 
-__all__ = ["STATE_VERSION", "PassState", "check_fingerprint", "check_layout", "check_version"]
+__all__ = [
+    "STATE_VERSION",
+    "PassState",
+    "check_fingerprint",
+    "check_layout",
+    "check_version",
+    "version_number",
+]
 
 #: 4: the epoch read in chunks (``chunk_size`` in the fingerprint, shardstream 0.3).
 #: 3: windows in closed form and plan layouts (shardstream 0.2): read as version 4 with
@@ -92,7 +99,7 @@ class PassState:
                 tuple(PassRecord.from_dict(dict(item)) for item in data.get("history", ())),
                 layout_from_dict(plan) if plan is not None else None,
                 int(data.get("consumed_batches", 0)),
-                _version(version),
+                version_number(version),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ConfigError(
@@ -100,8 +107,8 @@ class PassState:
             ) from error
 
 
-def _version(value: Any) -> int | tuple[int, ...] | None:
-    """A dataset version from plain values (a mixture's: its streams' versions, as a list)."""
+def version_number(value: Any) -> int | tuple[int, ...] | None:
+    """A dataset version from a state's plain values (a mixture's: its streams', as a list)."""
     if value is None:
         return None
     if isinstance(value, (list, tuple)):

@@ -23,10 +23,11 @@ from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.epochs import PassCache
 from shardstream.streaming.mixture import Mixture, Stream
+from shardstream.streaming.resumestate import version_number
 from shardstream.streaming.settings import Settings
 from shardstream.streaming.shardlist import ShardList, resolve_source
 
-__all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "as_number", "reopen"]
+__all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "reopen"]
 
 #: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
 VersionNumber = int | tuple[int, ...] | None
@@ -73,7 +74,7 @@ class VersionSet:
     def number_for(self, saved: Mapping[str, Any]) -> VersionNumber:
         """The version a saved state's pass reads (``dataset_version``, or the legacy rule)."""
         if "dataset_version" in saved:
-            return as_number(saved["dataset_version"])
+            return version_number(saved["dataset_version"])
         opened = self.opened.number
         if isinstance(opened, tuple):
             return (LEGACY_VERSION,) * len(opened)
@@ -103,15 +104,6 @@ class VersionSet:
                     "load_state_dict, or restore that version's manifest."
                 ) from error
         return self._older[number]
-
-
-def as_number(value: Any) -> VersionNumber:
-    """A version from a state's plain values (a mixture's comes back as a list)."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return tuple(int(item) for item in value)
-    return int(value)
 
 
 def reopen(
