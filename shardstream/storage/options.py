@@ -27,9 +27,14 @@ class ReadOptions:
         read_ahead_bytes: Bytes fetched ahead of the reader in a background thread (remote
             URLs only); 0 turns read-ahead off. Memory per open stream is bounded by this
             (plus one GET of ``read_ahead_bytes / 4``, at most 8 MiB).
-        max_requests: Background GETs in flight at once per process (S3), shared by all
-            open streams: the rest of each piece is fetched while the caller decodes. Raise it
-            for high-latency stores (each GET waits for a first byte before data flows).
+        min_requests: Background GETs in flight at once per process (S3) where the store
+            answers fast, shared by all open streams: the rest of each piece is fetched while
+            the caller decodes and opens other pieces.
+        max_requests: The most background GETs in flight per process. Between the two, the
+            count follows the store's measured first-byte latency (a GET that waits 30 ms for
+            its first byte and then transfers for 10 ms needs 4x as many in flight to deliver
+            the same bytes per second; see :mod:`shardstream.storage.latency`). Set both to
+            the same value for a fixed count.
         prefetch_bytes: Bytes of announced pieces (the streaming reader announces the pieces
             it will open next) fetched before they are opened, per process (S3); 0 turns
             announcements off. Memory held ahead of the reader is bounded by this.
@@ -46,7 +51,8 @@ class ReadOptions:
     max_backoff_s: float = 10.0
     timeout_s: float = 60.0
     read_ahead_bytes: int = 32 * 2**20
-    max_requests: int = 4
+    min_requests: int = 4
+    max_requests: int = 64
     prefetch_bytes: int = 64 * 2**20
     cache_dir: str | None = None
     cache_max_bytes: int | None = None

@@ -5,8 +5,9 @@ An object store answers each request after a fixed delay (radosgw on 127.0.0.1: 
 ~600 MB/s). A DataLoader worker that waits for one GET at a time therefore leaves most of the
 server idle, and its decoding waits on the network. Here:
 
-- :class:`FetchPool` is one small set of daemon threads per process (``ReadOptions.
-  max_requests``), shared by every open stream, that runs span fetches in the order submitted.
+- :class:`FetchPool` is one set of daemon threads per process, shared by every open stream, that
+  runs span fetches in the order submitted: ``ReadOptions.min_requests`` of them where the store
+  answers fast, more (up to ``max_requests``) as its measured first-byte latency grows.
 - :class:`SpanPrefetcher` is the :class:`~shardstream.storage.ranged.ChunkSource` of a bounded
   byte range: it cuts the range into spans and keeps the next ones submitted to the pool, so the
   rest of a piece arrives while the caller decodes its first samples and opens other pieces. A
@@ -15,7 +16,7 @@ server idle, and its decoding waits on the network. Here:
 
 Memory bound: a prefetcher holds at most ``max(ahead_bytes, span_bytes)`` of fetched or
 in-flight bytes that the caller has not taken yet, per open stream (``ReadOptions.
-read_ahead_bytes``); the pool adds at most ``max_requests`` requests in flight per process.
+read_ahead_bytes``); the pool only runs what was submitted, one span per thread.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import collections
 import threading
 from collections.abc import Callable
 
+from shardstream.storage.latency import LatencyGauge
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranged import Chunk
 
@@ -84,13 +86,21 @@ class SpanJob:
 
 
 class FetchPool:
-    """Up to ``max_threads`` daemon threads running :class:`SpanJob` s first in, first out.
+    """Daemon threads running :class:`SpanJob` s first in, first out, as many as the store's
+    latency asks for.
 
-    Threads start on demand and exit after ``idle_exit_s`` without work.
+    Between ``min_threads`` and ``max_threads`` threads run at once: :attr:`gauge` measures
+    each GET's first-byte delay against its transfer time and asks for more requests in flight
+    when the store answers slowly (see :mod:`shardstream.storage.latency`). Threads start on
+    demand and exit after ``idle_exit_s`` without work, or when the count asked for drops.
     """
 
-    def __init__(self, max_threads: int, idle_exit_s: float = _IDLE_EXIT_S) -> None:
+    def __init__(
+        self, max_threads: int, idle_exit_s: float = _IDLE_EXIT_S, min_threads: int | None = None
+    ) -> None:
         self.max_threads = max(1, max_threads)
+        self.min_threads = self.max_threads if min_threads is None else max(1, min_threads)
+        self.gauge = LatencyGauge()
         self._idle_exit_s = idle_exit_s
         self._jobs: collections.deque[SpanJob] = collections.deque()
         self._cond = threading.Condition()
@@ -102,15 +112,25 @@ class FetchPool:
         """Threads alive now."""
         return self._threads
 
+    @property
+    def wanted_threads(self) -> int:
+        """Threads (GETs in flight) the measured latency asks for now."""
+        return self.gauge.requests_in_flight(self.min_threads, self.max_threads)
+
     def submit(self, job: SpanJob) -> None:
-        """Queue ``job``; start a thread if none is idle and the limit allows."""
+        """Queue ``job``; start a thread if none is idle and the count asked for allows."""
         with self._cond:
             self._jobs.append(job)
-            if self._idle == 0 and self._threads < self.max_threads:
-                self._threads += 1
-                threading.Thread(target=self._work, name="shardstream-fetch", daemon=True).start()
-            else:
-                self._cond.notify()
+            self._cond.notify()
+            self._grow()
+
+    def _grow(self) -> None:
+        """Start threads for queued jobs that no idle thread takes, up to the count asked for
+        (called with the lock held; after each job too, as measurements raise the count)."""
+        wanted = min(self.wanted_threads, self._threads + len(self._jobs) - self._idle)
+        while self._threads < wanted:
+            self._threads += 1
+            threading.Thread(target=self._work, name="shardstream-fetch", daemon=True).start()
 
     def _work(self) -> None:
         while True:
@@ -119,20 +139,23 @@ class FetchPool:
                 if not self._jobs:
                     self._cond.wait(self._idle_exit_s)
                 self._idle -= 1
-                if not self._jobs:
+                if not self._jobs or self._threads > self.wanted_threads:
                     self._threads -= 1
                     return
                 job = self._jobs.popleft()
+                self._grow()
             job.run()
 
 
 _pool: ProcessLocal[FetchPool] = ProcessLocal(lambda: FetchPool(1))
 
 
-def shared_pool(max_threads: int) -> FetchPool:
-    """This process's pool (a forked child gets its own), grown to ``max_threads`` if smaller."""
+def shared_pool(max_threads: int, min_threads: int | None = None) -> FetchPool:
+    """This process's pool (a forked child gets its own), its limits raised to these if lower."""
     pool = _pool.get()
     pool.max_threads = max(pool.max_threads, max_threads)
+    low = max_threads if min_threads is None else min(min_threads, max_threads)
+    pool.min_threads = max(pool.min_threads, low)
     return pool
 
 

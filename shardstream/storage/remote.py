@@ -9,10 +9,10 @@ GET's ``Content-Range`` and ``ETag`` give the size and version, and later GETs c
 on that ETag so a rewritten object is never mixed with the old one.
 
 A bounded range on S3 (a piece of a shard) opens with one short GET, and the rest is fetched as
-spans by the process's shared pool of ``ReadOptions.max_requests`` threads
-(:mod:`shardstream.storage.prefetch`), so several GETs are in flight while the caller decodes and
-opens other pieces. Open-ended reads prefetch in one background thread
-(:class:`~shardstream.storage.readahead.ReadAhead`).
+spans by the process's shared pool of threads (:mod:`shardstream.storage.prefetch`), so several
+GETs are in flight while the caller decodes and opens other pieces; how many follows the store's
+measured first-byte latency (:mod:`shardstream.storage.latency`). Open-ended reads prefetch in
+one background thread (:class:`~shardstream.storage.readahead.ReadAhead`).
 
 On S3 the requests go out on botocore's synchronous client (:mod:`shardstream.storage.s3sync`,
 built from the s3fs filesystem's settings) or, for filesystems it cannot mirror, on s3fs's
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any, cast
 
@@ -33,8 +34,9 @@ import fsspec
 
 from shardstream.storage import hints
 from shardstream.storage.cache import ShardCache
+from shardstream.storage.latency import LatencyGauge, TimedSource
 from shardstream.storage.options import ReadOptions
-from shardstream.storage.prefetch import SpanPrefetcher, shared_pool
+from shardstream.storage.prefetch import FetchPool, SpanPrefetcher, shared_pool
 from shardstream.storage.ranged import BoundedFile, Chunk, ChunkFetcher, ChunkSource, RemoteStream
 from shardstream.storage.readahead import ReadAhead
 from shardstream.storage.retry import Retrier
@@ -198,7 +200,7 @@ def _is_s3(fs: Any) -> bool:
 
 
 def _s3_source(fs: Any, path: str, options: ReadOptions) -> S3Source:
-    connections = 2 * options.max_requests + 8  # the pool's, and callers' own GETs
+    connections = options.max_requests + 8  # the pool's, and callers' own GETs
     client = sync_client(fs, options.timeout_s, connections)
     return S3Source(fs, path, options.timeout_s, client)
 
@@ -250,9 +252,10 @@ def _open_ahead(
         secrets, stop,
     )  # fmt: skip
     source = _s3_source(fs, path, options)
+    pool = _pool_for(options)
     chunks = SpanPrefetcher(
-        _span_fetch(source, retrier), start, end, _chunk_bytes(options.read_ahead_bytes),
-        options.read_ahead_bytes, shared_pool(options.max_requests), stop,
+        _span_fetch(source, retrier, pool.gauge), start, end,
+        _chunk_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
     )  # fmt: skip
     return cast(IO[bytes], RemoteStream(chunks, shown, end, start))
 
@@ -294,17 +297,23 @@ def _stream_range(
     total = fetcher.size if fetcher.size is not None else start
     chunks: ChunkSource = fetcher
     if spans and total > fetcher.offset:
+        pool = _pool_for(options)
         chunks = SpanPrefetcher(
-            _span_fetch(source, retrier), fetcher.offset, total, chunk_bytes,
-            options.read_ahead_bytes, shared_pool(options.max_requests), retrier.stop,
+            _span_fetch(source, retrier, pool.gauge), fetcher.offset, total, chunk_bytes,
+            options.read_ahead_bytes, pool, retrier.stop,
         )  # fmt: skip
     elif options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
     return cast(IO[bytes], RemoteStream(chunks, shown, total, start, head))
 
 
-def _span_fetch(source: Any, retrier: Retrier) -> Any:
-    """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read."""
+def _pool_for(options: ReadOptions) -> FetchPool:
+    return shared_pool(options.max_requests, options.min_requests)
+
+
+def _span_fetch(source: Any, retrier: Retrier, gauge: LatencyGauge) -> Any:
+    """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read; a
+    span fetched by one GET tells ``gauge`` its first-byte and transfer times."""
 
     def fetch(first: int, stop: int) -> Chunk:
         own = Retrier(
@@ -312,10 +321,14 @@ def _span_fetch(source: Any, retrier: Retrier) -> Any:
             retrier.max_backoff_s, retrier.secrets, retrier.stop,
         )  # fmt: skip
         span = stop - first
-        fetcher = ChunkFetcher(source, stop, span, own, span, span, first, stop)
+        timed = TimedSource(source)
+        started = time.monotonic()
+        fetcher = ChunkFetcher(timed, stop, span, own, span, span, first, stop)
         parts = []
         while (chunk := fetcher.next_chunk()) is not None:
             parts.append(chunk)
+        if timed.num_opens == 1:  # retried spans say nothing about the store's latency
+            gauge.record(timed.first_byte_s, time.monotonic() - started - timed.first_byte_s)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     return fetch

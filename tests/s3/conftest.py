@@ -125,3 +125,11 @@ def proxy_options(fault_proxy: FaultProxy) -> dict[str, Any]:
 def moto_fs(moto_endpoint: str) -> Any:
     """An s3fs filesystem straight to moto, for setting up and checking objects."""
     return make_fs(moto_endpoint)
+
+
+@pytest.fixture(params=[0.0, 0.03], ids=["", "30ms-first-byte"])
+def store_latency(request: pytest.FixtureRequest, s3_env: None, fault_proxy: FaultProxy) -> float:
+    """Runs a fault test twice: as is, and with every answer's first byte held back 30 ms (as a
+    data center's object store answers), so faults stay exact under latency too."""
+    fault_proxy.delay_s = request.param
+    return float(request.param)

@@ -11,8 +11,11 @@ except that a :class:`Rule` matching a request (method, path substring, the Nth 
 - ``"cut"``: send the full ``Content-Length`` header but only ``after_bytes`` of the body, then
   close the connection.
 
-Counters (``requests``, ``body_bytes_sent``, ``Rule.hits``) let tests assert that a fault was
-really hit. Every loop is bounded by socket timeouts, and :meth:`FaultProxy.stop` ends it.
+``delay_s`` holds back the first byte of every answer until that long after its request
+arrived, as a data center's object store does (10-50 ms); faults then come on top of it.
+Counters (``requests``, ``body_bytes_sent``, ``Rule.hits``, ``max_in_flight``) let tests assert
+that a fault was really hit. Every loop is bounded by socket timeouts, and
+:meth:`FaultProxy.stop` ends it.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.requests: list[tuple[str, str]] = []
         self.body_bytes_sent = 0
+        self.delay_s = 0.0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         proxy = self
 
@@ -108,6 +114,8 @@ class FaultProxy:
             self.rules.clear()
             self.requests.clear()
             self.body_bytes_sent = 0
+            self.delay_s = 0.0
+            self.max_in_flight = 0
 
     def count(self, method: str, path_contains: str = "") -> int:
         """Requests seen with ``method`` whose target contains ``path_contains``."""
@@ -137,13 +145,30 @@ class FaultProxy:
                     return
                 method, target, headers, body = request
                 rule = self._pick_rule(method, target)
-                if not self._respond(client, rule, method, target, headers, body):
+                if not self._answer(client, rule, method, target, headers, body):
                     return
         except (OSError, _Closed):
             return
         finally:
             reader.close()
             client.close()
+
+    def _answer(
+        self, client: socket.socket, rule: Rule | None, method: str, target: str,
+        headers: list[tuple[str, str]], body: bytes,
+    ) -> bool:  # fmt: skip
+        """Answer one request after ``delay_s``, counting it as in flight meanwhile."""
+        asked = time.monotonic()
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                time.sleep(max(0.0, asked + self.delay_s - time.monotonic()))
+            return self._respond(client, rule, method, target, headers, body)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def _respond(
         self, client: socket.socket, rule: Rule | None, method: str, target: str,

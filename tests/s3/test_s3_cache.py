@@ -71,6 +71,7 @@ def test_pieces_of_a_shard_share_one_download(
     assert fault_proxy.count("GET", "/cache/a.tar") == 1
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_failed_downloads_leave_no_entry_and_faults_are_resumed(
     moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy, tmp_path: pathlib.Path
 ) -> None:

@@ -34,6 +34,7 @@ def keys_and_labels(options: dict[str, Any], read_options: ReadOptions) -> list[
     ]
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_build_to_s3_then_stream_with_faults_mid_shard(
     make_image_folder: Callable[..., pathlib.Path],
     storage_options: dict[str, Any],

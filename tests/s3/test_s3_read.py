@@ -66,6 +66,7 @@ def test_fault_free_read_uses_few_long_gets(
     ],
     ids=["reset-mid-body", "reset-before-response", "cut-body", "503-slowdown", "stall-mid-body"],
 )
+@pytest.mark.usefixtures("store_latency")
 def test_faults_mid_object_give_identical_bytes(
     data: bytes,
     proxy_options: dict[str, Any],
@@ -83,6 +84,7 @@ def test_faults_mid_object_give_identical_bytes(
     assert time.monotonic() - started < 3.0, "a stall is cut short by timeout_s"
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_attempt_budget_restarts_after_progress(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:
@@ -171,6 +173,7 @@ def test_read_ahead_is_bounded_and_stops_on_close(
     assert threading.active_count() <= before + 1  # at most fsspec's shared event-loop thread
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_read_ahead_propagates_errors_without_hanging(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:
@@ -259,6 +262,7 @@ def test_ranged_read_fetches_only_its_range_in_one_get(
     assert fault_proxy.body_bytes_sent == end - start, "nothing prefetched past the range"
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_ranged_read_resumes_inside_its_range_after_a_reset(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:
@@ -311,6 +315,7 @@ def test_gets_go_to_presigned_urls_whose_signatures_never_reach_messages(
     assert "Signature" not in message and "Credential" not in message and "?" not in message
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_a_refused_presigned_url_is_signed_again(
     data: bytes, proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from shardstream import StreamingDataLoader, StreamingDataset, StreamOptions, build_shards
 from shardstream.storage import ReadOptions
 from tests.s3.faultproxy import FaultProxy
@@ -13,6 +15,7 @@ from tests.streaming.shards import make_samples
 FAST = ReadOptions(max_attempts=4, backoff_s=0.01, max_backoff_s=0.05, timeout_s=1.0)
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_retries_and_bytes_are_counted(
     storage_options: dict[str, Any], proxy_options: dict[str, Any], fault_proxy: FaultProxy
 ) -> None:

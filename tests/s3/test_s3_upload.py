@@ -47,6 +47,7 @@ def test_parts_and_single_puts_go_out_on_the_plain_client(
     assert uploads_in_progress(moto_fs) == []
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_transient_faults_on_parts_are_retried(
     proxy_options: dict[str, Any], fault_proxy: FaultProxy, moto_fs: Any
 ) -> None:
@@ -65,6 +66,7 @@ def test_transient_faults_on_parts_are_retried(
     assert uploads_in_progress(moto_fs) == []
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_a_lost_completion_answer_is_accepted(
     proxy_options: dict[str, Any], fault_proxy: FaultProxy, moto_fs: Any
 ) -> None:
@@ -79,6 +81,7 @@ def test_a_lost_completion_answer_is_accepted(
     assert moto_fs.cat_file(f"{BUCKET}/lost/big.tar") == data
 
 
+@pytest.mark.usefixtures("store_latency")
 def test_a_part_failing_every_try_aborts_and_names_the_object(
     proxy_options: dict[str, Any], fault_proxy: FaultProxy, moto_fs: Any
 ) -> None:
