@@ -175,20 +175,26 @@ def serve(listener: socket.socket, upstream: tuple[str, int], delay_s: float) ->
         threading.Thread(target=connection.run, daemon=True).start()
 
 
+class RunningProxy:
+    """A proxy child process: where to send requests, and its pid (to leave its CPU out)."""
+
+    def __init__(self, endpoint_url: str, pid: int) -> None:
+        self.endpoint_url, self.pid = endpoint_url, pid
+
+
 @contextlib.contextmanager
-def latency_proxy(endpoint_url: str, delay_ms: float) -> Iterator[str]:
-    """Endpoint URL of a proxy child process in front of ``endpoint_url``; stopped on exit."""
+def latency_proxy(endpoint_url: str, delay_ms: float) -> Iterator[RunningProxy]:
+    """A proxy child process in front of ``endpoint_url``; stopped on exit."""
     host_port = endpoint_url.split("//", 1)[1].rstrip("/")
     process = subprocess.Popen(
         [sys.executable, __file__, "--upstream", host_port, "--delay-ms", str(delay_ms)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
+        line = process.stdout.readline() if process.stdout else ""
         if not line:
             raise RuntimeError("the latency proxy exited before it listened")
-        yield json.loads(line)["endpoint_url"]
+        yield RunningProxy(json.loads(line)["endpoint_url"], process.pid)
     finally:
         process.kill()
         process.wait(10)

@@ -84,9 +84,9 @@ def s3_server(kind: str) -> Iterator[dict[str, str]]:
         yield info
 
 
-def cpu_seconds() -> float:
+def cpu_seconds(exclude: frozenset[int] = frozenset()) -> float:
     """User + system CPU time of this process, its waited-for children and its live ones
-    (persistent DataLoader workers are never waited for while they run)."""
+    (persistent DataLoader workers are never waited for while they run), but ``exclude``."""
     import psutil
 
     total = 0.0
@@ -94,6 +94,8 @@ def cpu_seconds() -> float:
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
     for child in psutil.Process().children(recursive=True):
+        if child.pid in exclude:
+            continue
         with contextlib.suppress(psutil.Error):
             times = child.cpu_times()
             total += times.user + times.system

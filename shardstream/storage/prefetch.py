@@ -171,17 +171,20 @@ class SpanPrefetcher:
             one span is always under way).
         pool: Runs the fetches.
         stop: Set on close (ends the retry waits of running fetches), cleared on a seek.
+        first_span_bytes: Bytes of the first span (after the start or a seek), if shorter
+            than ``span_bytes``: the first bytes arrive sooner, the rest follows.
     """
 
     def __init__(
         self, fetch: FetchFn, start: int, end: int, span_bytes: int, ahead_bytes: int,
-        pool: FetchPool, stop: threading.Event | None = None,
+        pool: FetchPool, stop: threading.Event | None = None, first_span_bytes: int = 0,
     ) -> None:  # fmt: skip
         self._fetch, self._end, self._pool = fetch, end, pool
         self._stop = stop or threading.Event()
         self._span_bytes, self._ahead_bytes = max(1, span_bytes), ahead_bytes
+        self._first_span_bytes = first_span_bytes
         self._jobs: collections.deque[SpanJob] = collections.deque()
-        self._next = start
+        self._next = self._first = start
         self._closed = False
         self._fill()
 
@@ -198,7 +201,10 @@ class SpanPrefetcher:
     def _fill(self) -> None:
         queued = self.buffered_bytes
         while self._next < self._end and (not self._jobs or queued < self._ahead_bytes):
-            stop = min(self._end, self._next + self._span_bytes)
+            span = self._span_bytes
+            if self._first_span_bytes and self._next == self._first:
+                span = min(span, self._first_span_bytes)
+            stop = min(self._end, self._next + span)
             job = SpanJob(self._fetch, self._next, stop)
             self._jobs.append(job)
             self._pool.submit(job)
@@ -226,7 +232,7 @@ class SpanPrefetcher:
         """Drop the spans ahead and continue from ``offset``."""
         self._drop()
         self._stop.clear()
-        self._next = min(max(0, offset), self._end)
+        self._next = self._first = min(max(0, offset), self._end)
         self._closed = False
         self._fill()
 

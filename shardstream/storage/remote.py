@@ -54,6 +54,10 @@ _FIRST_SPAN_BYTES = 2**20
 _OPEN_SPAN_BYTES = 64 * 2**10
 #: First GET of a bounded range that is prefetched: the rest is fetched by the pool meanwhile.
 _RANGE_OPEN_BYTES = 2**20
+#: First GET of an announced range: its first samples arrive without waiting for the rest (a
+#: shuffled batch takes a few samples from each of dozens of pieces: waiting for each piece
+#: whole would hold the first batch of an epoch until hundreds of MB had arrived).
+_ANNOUNCED_FIRST_SPAN_BYTES = 512 * 2**10
 
 
 def read_filesystem(
@@ -256,6 +260,7 @@ def _open_ahead(
     chunks = SpanPrefetcher(
         _span_fetch(source, retrier, pool.gauge), start, end,
         _chunk_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
+        first_span_bytes=_ANNOUNCED_FIRST_SPAN_BYTES,
     )  # fmt: skip
     return cast(IO[bytes], RemoteStream(chunks, shown, end, start))
 

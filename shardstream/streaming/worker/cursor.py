@@ -36,6 +36,7 @@ class StreamCursor:
         self._ordinals: list[int] = []
         self._runs: list[Iterator[Any] | None] = []
         self._next: list[int] = []  # per piece, the ordinal its open run yields next
+        self._ahead: tuple[int, Window] | None = None  # the next window, built to announce it
 
     def read(self, start: int, stop: int) -> Iterator[Any]:
         """Samples at stream positions ``[start, stop)``, in order (``None`` for skipped ones)."""
@@ -48,16 +49,27 @@ class StreamCursor:
             start = end
 
     def _load(self, index: int) -> Window:
-        self.close()
+        self._close_runs()
         plan = self._plan
-        window = build_window(plan.sequence, plan.shape, plan.options, self._stream, index)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == index:
+            window = ahead[1]
+        else:
+            window = build_window(plan.sequence, plan.shape, plan.options, self._stream, index)
         self._window = window
         self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
         self._runs = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
-        soonest = dict.fromkeys(self._labels)  # pieces in the order of their first samples
-        runs = [window.runs[label] for label in soonest]
-        self._reader.prefetch([(run.shard, run.first, run.stop) for run in runs], self)
+        announced = _soonest_runs(window)
+        if self._reader.remote and self._lanes.before(index + 1) < self._lanes.total:
+            # The next window's pieces are announced after this one's: an object store starts
+            # them as this window's streams are taken, so no window waits for a first byte.
+            following = build_window(
+                plan.sequence, plan.shape, plan.options, self._stream, index + 1
+            )
+            self._ahead = (index + 1, following)
+            announced += _soonest_runs(following)
+        self._reader.prefetch(announced, self)
         return window
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
@@ -78,13 +90,25 @@ class StreamCursor:
         self._runs[label] = run
         return run
 
-    def close(self) -> None:
-        """Close the open runs (their file handles go back to the reader's pool)."""
+    def _close_runs(self) -> None:
         for run in self._runs:
             if run is not None:
                 _close(run)
         self._runs = [None] * len(self._runs)
+
+    def close(self) -> None:
+        """Close the open runs (their file handles go back to the reader's pool) and drop
+        what was announced."""
+        self._close_runs()
+        self._ahead = None
         self._reader.forget(self)
+
+
+def _soonest_runs(window: Window) -> list[tuple[int, int, int]]:
+    """``(shard, first, stop)`` of the window's pieces in the order of their first samples."""
+    soonest = dict.fromkeys(window.labels.tolist())
+    return [(window.runs[label].shard, window.runs[label].first, window.runs[label].stop)
+            for label in soonest]  # fmt: skip
 
 
 def _close(run: Iterator[Any]) -> None:

@@ -15,12 +15,14 @@ import collections
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.shardindex import ShardIndex, decode_index
 from shardstream.storage import Store, is_local_url
+from shardstream.storage.batchread import read_ranges
+from shardstream.storage.processlocal import ProcessLocal
 
 __all__ = ["HandlePool", "IndexCache", "OffsetIndex"]
 
@@ -50,6 +52,18 @@ class IndexCache:
         self._max_shards = max_shards
         self._indexes: collections.OrderedDict[str, ShardIndex | None] = collections.OrderedDict()
 
+    @classmethod
+    def shared(cls, store: Store, max_shards: int = 256) -> IndexCache:
+        """This process's cache for ``store`` (kept across epochs: a persistent DataLoader
+        worker loads each index once), holding at least ``max_shards`` indexes."""
+        caches = _shared_caches.get()
+        key = store.url("")
+        cache = caches.get(key)
+        if cache is None:
+            cache = caches[key] = cls(store, max_shards)
+        cache._max_shards = max(cache._max_shards, max_shards)
+        return cache
+
     def get(
         self, name: str, num_samples: int | None = None, num_bytes: int | None = None
     ) -> ShardIndex | None:
@@ -61,23 +75,48 @@ class IndexCache:
         if name in self._indexes:
             self._indexes.move_to_end(name)
             return self._indexes[name]
-        offsets = self._load(name, num_samples, num_bytes)
-        self._indexes[name] = offsets
+        (data,) = read_ranges(self._store, [(name, _index_end(num_samples))])
+        return self._keep(name, self._decode(name, data, num_samples, num_bytes))
+
+    def preload(self, wanted: Sequence[tuple[str, int | None, int | None]]) -> None:
+        """Load the indexes ``(name, num_samples, num_bytes)`` not cached yet, all at once
+        (on an object store: one request latency for all of them, not one each)."""
+        missing = {name: (count, size) for name, count, size in wanted if name not in self._indexes}
+        items = list(missing.items())[: self._max_shards]
+        found = read_ranges(self._store, [(name, _index_end(count)) for name, (count, _) in items])
+        for (name, (count, size)), data in zip(items, found, strict=True):
+            self._keep(name, self._decode(name, data, count, size))
+
+    def _keep(self, name: str, index: ShardIndex | None) -> ShardIndex | None:
+        self._indexes[name] = index
         while len(self._indexes) > self._max_shards:
             self._indexes.popitem(last=False)
-        return offsets
+        return index
 
-    def _load(self, name: str, num_samples: int | None, num_bytes: int | None) -> ShardIndex | None:
+    def _decode(
+        self, name: str, data: bytes | OSError, num_samples: int | None, num_bytes: int | None
+    ) -> ShardIndex | None:
         shown = self._store.shown(name)
         try:
-            with self._store.open_read(name) as stream:
-                data = stream.read(_MAX_INDEX_BYTES + 1)
+            if isinstance(data, OSError):  # StorageError is an OSError too
+                raise data
             if len(data) > _MAX_INDEX_BYTES:
                 raise ShardFormatError(f"{shown}: larger than {_MAX_INDEX_BYTES} bytes")
             return decode_index(data, shown, num_samples, num_bytes)
-        except (OSError, ShardFormatError) as error:  # StorageError is an OSError too
+        except (OSError, ShardFormatError) as error:
             logger.warning("%s: not using this shard index, walking the shard (%s)", shown, error)
             return None
+
+
+def _index_end(num_samples: int | None) -> int:
+    """Bytes to read of an index: the largest a shard of ``num_samples`` has (a version-2 index:
+    header, offsets and end, key hashes), so one request reads it whole; at most the limit+1."""
+    if num_samples is None:
+        return _MAX_INDEX_BYTES + 1
+    return min(_MAX_INDEX_BYTES + 1, 16 + 8 * (num_samples + 1) + 8 * num_samples)
+
+
+_shared_caches: ProcessLocal[dict[str, IndexCache]] = ProcessLocal(dict)
 
 
 class OffsetIndex:

@@ -82,7 +82,7 @@ class ShardReader:
         idle = settings.max_idle_handles
         self._pools = [HandlePool(source.shards, max_idle=idle) for source in shards.sources]
         self._indexes = [
-            IndexCache(source.indexes, settings.max_indexes) for source in shards.sources
+            IndexCache.shared(source.indexes, settings.max_indexes) for source in shards.sources
         ]
         self._walked = OffsetIndex()
         self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
@@ -90,6 +90,11 @@ class ShardReader:
         self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
         self._max_specs = settings.max_indexes
         self._remote = not all(source.shards.is_local for source in shards.sources)
+
+    @property
+    def remote(self) -> bool:
+        """True when some shards are on an object store (announced pieces are fetched ahead)."""
+        return self._remote
 
     def _spec(self, shard: int) -> ShardSpec:
         spec = self._specs.get(shard)
@@ -129,12 +134,15 @@ class ShardReader:
         """
         if not self._remote:
             return
-        ranges: dict[int, list[tuple[str, int, int]]] = {}
+        wanted = []
         for shard, first, stop in pieces:
             spec = self._spec(shard)
             source = self.shards.sources[spec.store]
-            if source.selection is not None or source.shards.is_local:
-                continue  # a view reads runs of kept samples; local files need no prefetch
+            if source.selection is None and not source.shards.is_local:
+                wanted.append((spec, first, stop))  # views read runs of kept samples
+        self._preload_indexes([spec for spec, _, _ in wanted])
+        ranges: dict[int, list[tuple[str, int, int]]] = {}
+        for spec, first, stop in wanted:
             index = self._index_of(spec)
             if index is None:
                 continue
@@ -143,8 +151,19 @@ class ShardReader:
             if first < end:
                 piece = (spec.name, int(offsets[first]), int(offsets[end]))
                 ranges.setdefault(spec.store, []).append(piece)
-        for number, wanted in ranges.items():
-            self.shards.sources[number].shards.prefetch(wanted, group)
+        for number, announced in ranges.items():
+            self.shards.sources[number].shards.prefetch(announced, group)
+
+    def _preload_indexes(self, specs: Sequence[ShardSpec]) -> None:
+        """Load the indexes of ``specs`` that are not cached yet, all at once per store."""
+        wanted: dict[int, list[tuple[str, int | None, int | None]]] = {}
+        for spec in specs:
+            if spec.index is not None and not is_gzip_name(spec.name):
+                wanted.setdefault(spec.store, []).append(
+                    (spec.index, spec.num_samples, spec.num_bytes)
+                )
+        for number, items in wanted.items():
+            self._indexes[number].preload(items)
 
     def forget(self, group: Hashable) -> None:
         """Drop what :meth:`prefetch` announced for ``group`` (closing streams not taken)."""
