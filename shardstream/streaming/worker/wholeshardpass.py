@@ -1,8 +1,9 @@
 """What one DataLoader worker runs for shards of unknown length (no manifest).
 
-The worker's whole shards (:mod:`shardstream.streaming.planning.uncounted`) are read several at
-once, drawn at random (:class:`~shardstream.streaming.planning.interleave.Interleave`) and
-shuffled through a bounded buffer; batches are consecutive samples of that stream. A resume
+The worker's whole shards (:mod:`shardstream.streaming.planning.wholeshardplan`) are read
+several at once, drawn at random (:class:`~.interleave.Interleave`) and shuffled through a
+bounded buffer (:class:`~.shuffle.ShuffleBuffer`); batches are consecutive samples of that
+stream. A resume
 reads and drops the items already consumed (their lengths being unknown, there is no shortcut).
 """
 
@@ -15,11 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardstream.storage.retry import retries_in_process
-from shardstream.streaming.planning.interleave import Interleave
-from shardstream.streaming.planning.shuffle import ShuffleBuffer
-from shardstream.streaming.planning.uncounted import WholeShardPlan
+from shardstream.streaming.planning.wholeshardplan import WholeShardPlan
+from shardstream.streaming.worker.interleave import Interleave
 from shardstream.streaming.worker.pipeline import Batcher
 from shardstream.streaming.worker.reader import ShardReader, WorkerStats
+from shardstream.streaming.worker.shuffle import ShuffleBuffer
 
 __all__ = ["run_whole_shards"]
 
