@@ -3,22 +3,20 @@
 The worker's whole shards (:mod:`shardstream.streaming.planning.wholeshardplan`) are read
 several at once, drawn at random (:class:`~.interleave.Interleave`) and shuffled through a
 bounded buffer (:class:`~.shuffle.ShuffleBuffer`); batches are consecutive samples of that
-stream. A resume
-reads and drops the items already consumed (their lengths being unknown, there is no shortcut).
+stream, handed to the worker's one timed loop (:func:`~.pipeline.run_batches`). A resume reads
+and drops the items already consumed (their lengths being unknown, there is no shortcut).
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
-from shardstream.storage.retry import retries_in_process
 from shardstream.streaming.planning.wholeshardplan import WholeShardPlan
 from shardstream.streaming.worker.interleave import Interleave
-from shardstream.streaming.worker.pipeline import Batcher
+from shardstream.streaming.worker.pipeline import Batcher, run_batches
 from shardstream.streaming.worker.reader import ShardReader, WorkerStats
 from shardstream.streaming.worker.shuffle import ShuffleBuffer
 
@@ -45,25 +43,11 @@ def run_whole_shards(
     size = batcher.batch_size or 1
     if plan.skip_items:  # read and dropped, not decoded
         samples = itertools.islice(samples, plan.skip_items * size, None)
-    clock = batcher.clock
-    retried = retries_in_process()  # retries of background reads count whenever they happen
-    try:
-        while True:
-            started, before = time.perf_counter(), stats.bytes_read
-            chunk = list(itertools.islice(samples, size))
-            if not chunk:
-                break
-            if clock is not None:  # reading includes the interleave and the shuffle buffer
-                clock.read_s += time.perf_counter() - started
-                clock.bytes += stats.bytes_read - before
-                now = retries_in_process()
-                clock.retries += now - retried
-                retried = now
-            out = batcher.finish(chunk, stats)
-            stats.batches += 1
-            if clock is not None:
-                clock.batches += 1
-                clock.publish()
-            yield from out
-    finally:
-        reader.close()
+    # The batches' reading time includes the interleave and the shuffle buffer.
+    return run_batches(_chunks(samples, size), reader, batcher, stats)
+
+
+def _chunks(samples: Iterator[Any], size: int) -> Generator[list[Any], None, None]:
+    """Consecutive lists of ``size`` samples (the last one shorter), until ``samples`` ends."""
+    while chunk := list(itertools.islice(samples, size)):
+        yield chunk
