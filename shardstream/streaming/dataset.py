@@ -18,7 +18,7 @@ from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.schedule import PassPlan, plan_ranks
 from shardstream.streaming.planning.split import Layout, samples_per_rank
-from shardstream.streaming.planning.uncounted import plan_whole_shards
+from shardstream.streaming.planning.wholeshardplan import plan_whole_shards
 from shardstream.streaming.resumestate import (
     STATE_VERSION,
     PassState,
@@ -35,7 +35,7 @@ from shardstream.streaming.worker.channel import EpochChannel
 from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
 from shardstream.streaming.worker.reader import ShardReader
 from shardstream.streaming.worker.stageclock import StageClock, StatsBoard
-from shardstream.streaming.worker.uncounted import run_whole_shards
+from shardstream.streaming.worker.wholeshardpass import run_whole_shards
 
 __all__ = ["StreamOptions", "StreamingDataset"]
 

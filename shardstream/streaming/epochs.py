@@ -23,7 +23,7 @@ from shardstream.streaming.planning.passes import PassRecord, pass_sequence
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
-from shardstream.streaming.planning.uncounted import role_after
+from shardstream.streaming.planning.wholeshardplan import role_after
 from shardstream.streaming.resumestate import PassState
 from shardstream.streaming.shardlist import ShardList
 from shardstream.streaming.worker.reader import WorkerStats

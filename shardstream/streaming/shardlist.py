@@ -33,14 +33,15 @@ class ShardSpec:
         num_samples: Samples to read from it (a view's kept samples), or None when unknown.
         index: The name of the shard's byte-offset index (from the manifest), or None.
         num_bytes: The shard's size in bytes from the manifest, or None when unknown.
-        store: Which source of the list holds it (its stream, in a mixture).
+        store_index: Which source of the list holds it (its number in ``ShardList.sources``;
+            its stream, in a mixture).
     """
 
     name: str
     num_samples: int | None = None
     index: str | None = None
     num_bytes: int | None = None
-    store: int = 0
+    store_index: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +112,7 @@ class ShardList:
         source, local = self.locate(shard)
         table = self.sources[source].table
         if isinstance(table, NameColumn):
-            return ShardSpec(table[local], store=source)
+            return ShardSpec(table[local], store_index=source)
         info = table[local]
         return ShardSpec(info.name, info.num_samples, info.index, info.num_bytes, source)
 

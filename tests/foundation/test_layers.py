@@ -112,6 +112,33 @@ def test_planning_and_format_need_no_torch_and_planning_no_storage() -> None:
             assert all(target.startswith(inside) for target in targets), (module, targets)
 
 
+#: Standard and third-party modules through which code reads files, sockets or processes.
+IO_MODULES = {
+    "botocore", "fsspec", "io", "mmap", "multiprocessing", "os", "pathlib", "requests", "shutil",
+    "socket", "subprocess", "tempfile", "threading", "urllib",
+}  # fmt: skip
+
+
+def test_planning_is_io_free() -> None:
+    """Planning holds formulas: no storage, no worker stages (run time), no I/O modules."""
+    modules = _modules()
+    for module, path in modules.items():
+        if not module.startswith("shardstream.streaming.planning"):
+            continue
+        tree = ast.parse(path.read_text())
+        every = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and (not isinstance(node, ast.ImportFrom) or node.module)
+            for alias in node.names
+        }
+        assert not every & IO_MODULES, (module, every & IO_MODULES)
+        runtime = ("shardstream.storage", "shardstream.streaming.worker")
+        targets = _imports(path, set(modules))
+        assert not [target for target in targets if target.startswith(runtime)], module
+
+
 def test_no_module_imports_itself_in_a_cycle() -> None:
     modules = _modules()
     edges = {module: _imports(path, set(modules)) - {module} for module, path in modules.items()}

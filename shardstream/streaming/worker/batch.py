@@ -92,26 +92,32 @@ def pack_bytes(
     return ByteViews(buffer, bounds)
 
 
-def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS) -> Any:
+def stack_or_list(
+    values: Sequence[Any],
+    pack: bool = False,
+    buffers: int = DEFAULT_BUFFERS,
+    shared: bool | None = None,
+) -> Any:
     """Stack tensors of equal shape into one tensor (shared memory in workers); else a list.
 
     With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat shared buffer.
-    ``buffers`` is as in :func:`pack_bytes`.
+    ``shared`` and ``buffers`` are as in :func:`pack_bytes`.
     """
     import torch
 
+    shared = in_worker() if shared is None else shared
     first = values[0] if values else None
     if (
         pack
         and isinstance(first, (bytes, bytearray, memoryview))
         and all(isinstance(v, (bytes, bytearray, memoryview)) for v in values)
     ):
-        return pack_bytes(values, buffers=buffers)
+        return pack_bytes(values, shared, buffers)
     if isinstance(first, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
     ):
         # In workers, stack into shared memory: the training process then copies nothing.
-        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, in_worker())
+        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, shared)
         return torch.stack(list(values), out=out)
     return list(values)
 
@@ -122,9 +128,10 @@ def collate_pairs(
     """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor."""
     import torch
 
-    images = stack_or_list([image for image, _ in pairs], pack=True, buffers=buffers)
+    shared = in_worker()  # once per batch
+    images = stack_or_list([image for image, _ in pairs], True, buffers, shared)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
-    if in_worker():
+    if shared:
         labels = inline(labels)
     return images, labels
 
@@ -138,13 +145,14 @@ def collate_dicts(
     """
     import torch
 
+    shared = in_worker()  # once per batch, not per field
     keys = list(samples[0]) if samples else []
     batch: dict[str, Any] = {}
     for key in keys:
         values = [sample.get(key) for sample in samples]
         if key == "label":
             labels = torch.tensor(values, dtype=torch.int64)
-            batch[key] = inline(labels) if in_worker() else labels
+            batch[key] = inline(labels) if shared else labels
         else:
-            batch[key] = stack_or_list(values, pack=key == "image", buffers=buffers)
+            batch[key] = stack_or_list(values, key == "image", buffers, shared)
     return batch

@@ -1,9 +1,14 @@
-"""What one DataLoader worker runs for a pass: its steps, read in plan order, then batched.
+"""What one DataLoader worker runs for a pass: one timed loop over batches of raw samples.
 
-For a dataset with counts (a manifest), a worker serves every ``num_workers``-th step of the
-pass (see :mod:`shardstream.streaming.planning.schedule`); each step reads a slice of one stream
-per plan rank through a :class:`~.cursor.StreamCursor`, converts the samples and collates them
-into one batch. A resumed worker starts at its next step: nothing before it is read or replayed.
+:func:`run_batches` is the worker's one per-batch loop: it takes the next batch's raw samples
+from a source, converts and collates them (:class:`Batcher`), counts them in the stage clock
+and hands them out. Two sources feed it:
+
+- a dataset with counts (a manifest): :func:`run_steps`. A worker serves every
+  ``num_workers``-th step of the pass (see :mod:`shardstream.streaming.planning.schedule`); each
+  step reads a slice of one stream per plan rank through a :class:`~.cursor.StreamCursor`. A
+  resumed worker starts at its next step: nothing before it is read or replayed.
+- shards without counts: whole shards, interleaved and shuffled (:mod:`.wholeshardpass`).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from shardstream.errors import DecodeError
@@ -22,7 +27,7 @@ from shardstream.streaming.worker.cursor import StreamCursor
 from shardstream.streaming.worker.reader import ShardReader, WorkerStats
 from shardstream.streaming.worker.stageclock import StageClock
 
-__all__ = ["Batcher", "StepJob", "run_steps"]
+__all__ = ["Batcher", "StepJob", "run_batches", "run_steps"]
 
 logger = logging.getLogger("shardstream.streaming")
 
@@ -101,28 +106,27 @@ class StepJob:
     num_workers: int
 
 
-def run_steps(
-    job: StepJob, reader: ShardReader, batcher: Batcher, stats: WorkerStats
+def run_batches(
+    batches: Generator[list[Any], None, None],
+    reader: ShardReader,
+    batcher: Batcher,
+    stats: WorkerStats,
 ) -> Iterator[Any]:
-    """Yield this worker's batches (or samples) of the pass, from ``job.first`` on.
+    """The worker's one per-batch loop: yield what ``batcher`` makes of each list of samples.
 
-    ``stats.batches`` counts the steps handed out, before each is handed out, so a resume
-    state taken while the worker waits between them is exact.
+    Getting the next list from ``batches`` is the batch's reading time (with the bytes and
+    retries it took). ``stats.batches`` counts the batches handed out, before each is handed
+    out, so a resume state taken while the worker waits between them is exact. At the end (or
+    when closed early) ``batches`` is closed, then ``reader``.
     """
-    plan = job.plan
-    cursors: dict[tuple[int, int], StreamCursor] = {}
     clock = batcher.clock
     retried = retries_in_process()  # retries of background reads count whenever they happen
     try:
-        for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
+        while True:
             started, before = time.perf_counter(), stats.bytes_read
-            samples: list[Any] = []
-            for read in reads:
-                cursor = cursors.get((read.rank, read.phase))
-                if cursor is None:
-                    stream = StreamId(plan.epoch, plan.pass_index, read.rank, read.phase)
-                    cursor = cursors[(read.rank, read.phase)] = StreamCursor(plan, stream, reader)
-                samples.extend(cursor.read(read.start, read.stop))
+            samples = next(batches, None)
+            if samples is None:
+                break
             if clock is not None:
                 clock.read_s += time.perf_counter() - started
                 clock.bytes += stats.bytes_read - before
@@ -136,8 +140,35 @@ def run_steps(
                 clock.publish()
             yield from out
     finally:
+        batches.close()
+        reader.close()
+
+
+def run_steps(
+    job: StepJob, reader: ShardReader, batcher: Batcher, stats: WorkerStats
+) -> Iterator[Any]:
+    """Yield this worker's batches (or samples) of the pass, from ``job.first`` on."""
+    return run_batches(_step_samples(job, reader, stats), reader, batcher, stats)
+
+
+def _step_samples(
+    job: StepJob, reader: ShardReader, stats: WorkerStats
+) -> Generator[list[Any], None, None]:
+    """The raw samples of each step this worker serves, in order (its cursors closed at the end)."""
+    plan = job.plan
+    cursors: dict[tuple[int, int], StreamCursor] = {}
+    try:
+        for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
+            samples: list[Any] = []
+            for read in reads:
+                cursor = cursors.get((read.rank, read.phase))
+                if cursor is None:
+                    stream = StreamId(plan.epoch, plan.pass_index, read.rank, read.phase)
+                    cursor = cursors[(read.rank, read.phase)] = StreamCursor(plan, stream, reader)
+                samples.extend(cursor.read(read.start, read.stop))
+            yield samples
+    finally:
         for cursor in cursors.values():
             cursor.close()
-        reader.close()
     if stats.skipped:
         logger.warning("a worker skipped %d sample(s) in this pass", stats.skipped)

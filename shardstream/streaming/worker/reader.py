@@ -112,7 +112,7 @@ class ShardReader:
         missing sample, so batch boundaries do not move) and the samples are counted.
         """
         spec = self._spec(shard)
-        selection = self.shards.sources[spec.store].selection
+        selection = self.shards.sources[spec.store_index].selection
         index = self._index_of(spec)
         if selection is not None:
             samples = self._selected(shard, spec, index, first, stop)
@@ -120,7 +120,7 @@ class ShardReader:
             samples = self._range(spec, first, stop, index.offsets if index else None)
         settings = self.settings
         if settings.tag_streams:
-            samples = _tagged(samples, spec.store)
+            samples = _tagged(samples, spec.store_index)
         if settings.on_error != "skip":
             return samples  # errors propagate as they are: no layer to pass through
         return self._guarded(samples, None if stop is None else stop - first)
@@ -137,7 +137,7 @@ class ShardReader:
         wanted = []
         for shard, first, stop in pieces:
             spec = self._spec(shard)
-            source = self.shards.sources[spec.store]
+            source = self.shards.sources[spec.store_index]
             if source.selection is None and not source.shards.is_local:
                 wanted.append((spec, first, stop))  # views read runs of kept samples
         self._preload_indexes([spec for spec, _, _ in wanted])
@@ -150,7 +150,7 @@ class ShardReader:
             end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
             if first < end:
                 piece = (spec.name, int(offsets[first]), int(offsets[end]))
-                ranges.setdefault(spec.store, []).append(piece)
+                ranges.setdefault(spec.store_index, []).append(piece)
         for number, announced in ranges.items():
             self.shards.sources[number].shards.prefetch(announced, group)
 
@@ -159,7 +159,7 @@ class ShardReader:
         wanted: dict[int, list[tuple[str, int | None, int | None]]] = {}
         for spec in specs:
             if spec.index is not None and not is_gzip_name(spec.name):
-                wanted.setdefault(spec.store, []).append(
+                wanted.setdefault(spec.store_index, []).append(
                     (spec.index, spec.num_samples, spec.num_bytes)
                 )
         for number, items in wanted.items():
@@ -176,16 +176,16 @@ class ShardReader:
     def kept(self, shard: int) -> np.ndarray | None:
         """A view's kept ordinals of shard number ``shard`` (None outside views)."""
         spec = self.shards.spec(shard)
-        if self.shards.sources[spec.store].selection is None:
+        if self.shards.sources[spec.store_index].selection is None:
             return None
         return self._kept_ordinals(shard, spec, self._index_of(spec))
 
     def _index_of(self, spec: ShardSpec) -> ShardIndex | None:
         if spec.index is None or is_gzip_name(spec.name):
             return None
-        view = self.shards.sources[spec.store].selection is not None
+        view = self.shards.sources[spec.store_index].selection is not None
         count = None if view else spec.num_samples  # a view's count is of kept samples
-        return self._indexes[spec.store].get(spec.index, count, spec.num_bytes)
+        return self._indexes[spec.store_index].get(spec.index, count, spec.num_bytes)
 
     def _range(
         self, spec: ShardSpec, first: int, stop: int | None, offsets: Sequence[int] | None
@@ -194,7 +194,7 @@ class ShardReader:
         if offsets is not None:
             end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
             self.stats.bytes_read += int(offsets[end]) - int(offsets[min(first, end)])
-        pool = self._pools[spec.store]
+        pool = self._pools[spec.store_index]
         url = self._urls.get(spec.name)
         if url is None:
             url = self._urls[spec.name] = pool.store.shown(spec.name)
@@ -227,7 +227,7 @@ class ShardReader:
                     "and this shard's index has none (or is missing); run `shardstream index` "
                     "on the source dataset"
                 )
-            selection = self.shards.sources[spec.store].selection
+            selection = self.shards.sources[spec.store_index].selection
             if selection is None:
                 raise ShardFormatError(f"{spec.name}: not a view's shard")
             kept = np.flatnonzero(selection.keep(index.key_hashes))

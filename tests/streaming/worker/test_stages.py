@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from shardstream.streaming.planning.draws import Draws
-from shardstream.streaming.planning.interleave import Interleave
-from shardstream.streaming.planning.shuffle import ShuffleBuffer
+from shardstream.streaming.worker.draws import Draws
+from shardstream.streaming.worker.interleave import Interleave
+from shardstream.streaming.worker.shuffle import ShuffleBuffer
 
 LENGTHS = [5, 3, 8, 1, 6, 4]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from shardstream.streaming.planning.draws import Draws
+from shardstream.streaming.worker.draws import Draws
 
 __all__ = ["ShuffleBuffer"]
 
@@ -21,7 +21,7 @@ class ShuffleBuffer:
         seed: Seed sequence, e.g. ``[seed, epoch, rank, worker]``.
 
     Example:
-        >>> from shardstream.streaming.planning.interleave import Interleave
+        >>> from shardstream.streaming.worker.interleave import Interleave
         >>> source = Interleave([4], lambda p, a, b: iter(range(a, b)), seed=[0])
         >>> sorted(sample for _, sample in ShuffleBuffer(source, size=2, seed=[0]))
         [0, 1, 2, 3]

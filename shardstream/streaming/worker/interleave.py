@@ -1,10 +1,11 @@
 """Reading several shards of unknown length at once, drawing each next sample from a random one.
 
-For shards without counts (see :mod:`.uncounted`): a single stream through a shard written in
-class order yields one class for a long time, and a shuffle buffer only mixes what it holds.
-Keeping ``num_open`` shards open and drawing each next sample from a random one puts up to
+For shards without counts (see :mod:`.wholeshardpass`): a single stream through a shard
+written in class order yields one class for a long time, and a shuffle buffer only mixes what it
+holds. Keeping ``num_open`` shards open and drawing each next sample from a random one puts up to
 ``num_open`` classes in flight at any moment, with memory bounded by ``num_open`` open streams.
-Counted datasets need none of this: their order is planned in closed form (:mod:`.windows`).
+Counted datasets need none of this: their order is planned in closed form
+(:mod:`shardstream.streaming.planning.windows`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.streaming.planning.draws import Draws
+from shardstream.streaming.worker.draws import Draws
 
 __all__ = ["Interleave", "Ref"]
 

@@ -3,9 +3,10 @@
 Without counts nothing can be split exactly: slot ``k`` of the epoch's shard order goes to the
 ``k % (world_size * num_workers)``-th (rank, worker) pair, ranks may get different numbers of
 samples, and a worker gets no shard at all when there are fewer shards than ranks x workers.
-Each worker interleaves its shards and shuffles them through a bounded buffer
-(:mod:`.interleave`, :mod:`.shuffle`); a resume reads and drops what was consumed. Indexing the
-shards (``shardstream index``) gives them a manifest and every guarantee of counted datasets.
+Each worker interleaves its shards and shuffles them through a bounded buffer (at run time:
+:mod:`shardstream.streaming.worker.wholeshardpass`); a resume reads and drops what was consumed.
+Indexing the shards (``shardstream index``) gives them a manifest and every guarantee of counted
+datasets.
 """
 
 from __future__ import annotations

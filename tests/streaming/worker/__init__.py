@@ -1,0 +1,1 @@
+"""Tests of shardstream.streaming.worker (mirrors the package)."""
