@@ -35,7 +35,7 @@ def add_index(subparsers: Any) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from shardstream.shardwriter.indexer import IndexOptions, index_shards
+    from shardstream.catalog.indexer import IndexOptions, index_shards
 
     options = IndexOptions(
         workers=args.workers, checksum=not args.no_checksum,
