@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ShardSource,
         ShardSpec,
         Source,
+        read_dataset,
         resolve_source,
     )
     from shardstream.catalog.views import make_view, split_dataset
@@ -46,6 +47,7 @@ __all__ = [
     "index_shards",
     "make_view",
     "merge_partitions",
+    "read_dataset",
     "resolve_source",
     "split_dataset",
 ]
@@ -60,6 +62,7 @@ _LAZY = {
     "index_shards": "shardstream.catalog.indexer",
     "make_view": "shardstream.catalog.views",
     "merge_partitions": "shardstream.catalog.partitions",
+    "read_dataset": "shardstream.catalog.shardlist",
     "resolve_source": "shardstream.catalog.shardlist",
     "split_dataset": "shardstream.catalog.views",
 }

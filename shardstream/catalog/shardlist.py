@@ -40,6 +40,7 @@ __all__ = [
     "ShardSource",
     "ShardSpec",
     "Source",
+    "read_dataset",
     "resolve_source",
     "source_of",
 ]
@@ -195,12 +196,13 @@ def resolve_source(
             urls = list(braceexpand.braceexpand(text))
         elif text.endswith(".txt"):
             urls = _read_url_list(Store(text, storage_options))
-        elif text.endswith(".json"):
-            return _resolve_dataset(*_split_file(text), storage_options, read_options, version)
-        elif list_folder:
+        elif list_folder and not text.endswith(".json"):
             return _list_folder(Store(text, storage_options, read_options))
         else:
-            return _resolve_dataset(text, MANIFEST_NAME, storage_options, read_options, version)
+            store, manifest = read_dataset(text, storage_options, read_options, version)
+            if not len(manifest.shards):
+                raise ConfigError(f"{store.shown()}: the manifest lists no shards")
+            return store, ShardList([source_of(store, manifest)]), manifest
     else:
         urls = [os.fspath(url) for url in source]
     if version is not None:
@@ -223,27 +225,47 @@ def _split_file(text: str) -> tuple[str, str]:
     return folder or ".", name
 
 
-def _resolve_dataset(
-    folder: str,
-    name: str,
-    storage_options: StorageOptions,
-    read_options: ReadOptions | None,
-    version: int | None,
-) -> tuple[Store, ShardList, Manifest]:
-    """A dataset's shards from its manifest file ``name`` (``manifest.json``: or ``version``)."""
+def read_dataset(
+    source: Source,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+    version: int | None = None,
+) -> tuple[Store, Manifest]:
+    """A dataset's folder and manifest, from the folder (or URL prefix) or a manifest file.
+
+    What :func:`resolve_source` reads for those two forms; views, ``inspect`` and ``verify``,
+    which need a manifest, read sources with it.
+
+    Raises:
+        ManifestNotFoundError: A folder without ``manifest.json``, or without ``version``.
+        ConfigError: The source names shards (a pattern, a URL list, a ``.txt`` file), not a
+            dataset with a manifest.
+
+    Example:
+        >>> store, manifest = read_dataset("shards/train/manifest.json")  # doctest: +SKIP
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise _no_manifest(f"a list of {len(source)} shard URLs")
+    text = os.fspath(source)
+    if "{" in text or text.endswith((*_URL_SUFFIXES, ".txt")):
+        raise _no_manifest(text)
+    folder, name = _split_file(text) if text.endswith(".json") else (text, MANIFEST_NAME)
     store = Store(folder, storage_options, read_options)
     if name == MANIFEST_NAME:
-        manifest = read_manifest(store) if version is None else read_version(store, version)
-    elif version is None:
-        manifest = read_manifest_file(store, name)
-    else:
+        return store, read_manifest(store) if version is None else read_version(store, version)
+    if version is not None:
         raise ConfigError(
             f"{store.shown(name)}: version={version} needs the dataset folder or its "
             f"{MANIFEST_NAME}, not another manifest file"
         )
-    if not len(manifest.shards):
-        raise ConfigError(f"{store.shown()}: the manifest lists no shards")
-    return store, ShardList([source_of(store, manifest)]), manifest
+    return store, read_manifest_file(store, name)
+
+
+def _no_manifest(shown: str) -> ConfigError:
+    return ConfigError(
+        f"{shown}: names shards without a manifest, not a dataset; index them first "
+        "(`shardstream index SOURCE DEST`, or index_shards) and pass DEST"
+    )
 
 
 def _list_folder(store: Store) -> tuple[Store, ShardList, None]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardstream._version import __version__
-from shardstream.catalog.shardlist import Source, resolve_source
+from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
 from shardstream.format.manifest import Manifest, write_manifest
@@ -70,12 +70,7 @@ def make_view(
         selection = Selection("range", seed, *bounds)
     else:
         selection = Selection.of_keys(np.fromiter(map(key_hash, keys or ()), np.int64))
-    origin, _, manifest = resolve_source(source, storage_options)
-    if manifest is None:
-        raise ConfigError(
-            f"{origin.shown()}: the source names shards without a manifest; a view needs a "
-            "dataset (built, or indexed with `shardstream index SOURCE DEST`): view DEST"
-        )
+    origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None:
         raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
     counts = _kept_counts(origin, manifest, selection)

@@ -30,11 +30,9 @@ def add_inspect(subparsers: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from shardstream.catalog.versions import read_version
-    from shardstream.format.manifest import read_manifest
+    from shardstream.catalog.shardlist import read_dataset
 
-    store = Store(args.dest, storage_options(args))
-    manifest = read_manifest(store) if args.version is None else read_version(store, args.version)
+    store, manifest = read_dataset(args.dest, storage_options(args), version=args.version)
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
