@@ -2,7 +2,8 @@
 
 - ``shardlist.py``: :func:`resolve_source`, the one function that turns a source (a dataset
   folder, a manifest file, a brace pattern, a ``.txt`` file of URLs, a list of URLs) into a
-  :class:`ShardList`; every entry point (build, index, views, the datasets) reads sources with it;
+  :class:`ShardList`; every entry point (index, the datasets, mixtures) reads sources with it,
+  and :func:`read_dataset`, its half for sources with a manifest (views, ``inspect``, ``verify``);
 - ``facts.py``: what the default epoch order depends on (indexed, local, sample size);
 - ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
 - ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;

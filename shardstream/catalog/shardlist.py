@@ -1,8 +1,8 @@
 """Sources -> shard lists: the one function every entry point turns a source into shards with.
 
-:func:`resolve_source` takes any of these forms, and build (``--append``), ``index``, views,
-``StreamingDataset``, random access and mixtures all call it, so a form that works in one
-works in all:
+:func:`resolve_source` takes any of these forms; ``index``, ``StreamingDataset``, random
+access and mixtures call it, and views, ``inspect`` and ``verify`` call :func:`read_dataset`
+(its part for the forms with a manifest), so a form works the same everywhere:
 
 - a dataset folder or URL prefix holding ``manifest.json`` (or, for ``index``, any folder of
   ``.tar``/``.tar.gz``/``.tgz`` shards: its files are listed, sorted);
