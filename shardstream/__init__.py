@@ -34,16 +34,14 @@ from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:
-    from shardstream.shardwriter import (
-        BuildOptions,
+    from shardstream.catalog import (
         IndexOptions,
-        build_shards,
         index_shards,
         make_view,
         merge_partitions,
         split_dataset,
-        write_partition,
     )
+    from shardstream.shardwriter import BuildOptions, build_shards, write_partition
     from shardstream.streaming import (
         RandomAccessDataset,
         Stream,
@@ -89,11 +87,11 @@ __all__ = [
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
-    "IndexOptions": "shardstream.shardwriter",
-    "index_shards": "shardstream.shardwriter",
-    "make_view": "shardstream.shardwriter",
-    "merge_partitions": "shardstream.shardwriter",
-    "split_dataset": "shardstream.shardwriter",
+    "IndexOptions": "shardstream.catalog",
+    "index_shards": "shardstream.catalog",
+    "make_view": "shardstream.catalog",
+    "merge_partitions": "shardstream.catalog",
+    "split_dataset": "shardstream.catalog",
     "write_partition": "shardstream.shardwriter",
     "RandomAccessDataset": "shardstream.streaming",
     "Stream": "shardstream.streaming",

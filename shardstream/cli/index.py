@@ -15,7 +15,9 @@ def add_index(subparsers: Any) -> None:
         "index", help="index existing shards (webdataset, img2dataset, tar) for exact epochs"
     )
     parser.add_argument(
-        "source", help="folder or URL of .tar/.tar.gz shards, a brace pattern, or a .txt list"
+        "source",
+        help="folder or URL of .tar/.tar.gz shards, a manifest file, a brace pattern, or a "
+        ".txt list",
     )
     parser.add_argument(
         "dest", nargs="?", default=None,
@@ -35,7 +37,7 @@ def add_index(subparsers: Any) -> None:
 
 
 def _run_index(args: argparse.Namespace) -> int:
-    from shardstream.shardwriter.indexer import IndexOptions, index_shards
+    from shardstream.catalog.indexer import IndexOptions, index_shards
 
     options = IndexOptions(
         workers=args.workers, checksum=not args.no_checksum,

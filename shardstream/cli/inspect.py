@@ -30,11 +30,9 @@ def add_inspect(subparsers: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from shardstream.format.manifest import read_manifest
-    from shardstream.format.versions import read_version
+    from shardstream.catalog.shardlist import read_dataset
 
-    store = Store(args.dest, storage_options(args))
-    manifest = read_manifest(store) if args.version is None else read_version(store, args.version)
+    store, manifest = read_dataset(args.dest, storage_options(args), version=args.version)
     if args.json:
         sys.stdout.write(manifest.to_json())
         return 0
@@ -62,7 +60,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 def _versions(store: Store, shown_version: int) -> list[str]:
     """The dataset's readable versions with their sample counts (one line per version)."""
-    from shardstream.format.versions import list_versions, read_version
+    from shardstream.catalog.versions import list_versions, read_version
 
     lines = [f"version:  {shown_version}"]
     versions = list_versions(store)

@@ -25,8 +25,8 @@ def add_prune(subparsers: Any) -> None:
 
 
 def _run_prune(args: argparse.Namespace) -> int:
+    from shardstream.catalog.versions import list_versions, prune_versions
     from shardstream.errors import ConfigError
-    from shardstream.format.versions import list_versions, prune_versions
 
     if args.keep < 1:
         raise ConfigError(f"--keep must be at least 1 (the published version), got {args.keep}")

@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 from shardstream.cli.common import add_storage_options, shown, storage_options
-from shardstream.storage import Store
 
 __all__ = ["add_verify"]
 
@@ -20,11 +19,10 @@ def add_verify(subparsers: Any) -> None:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    from shardstream.format.manifest import read_manifest
+    from shardstream.catalog.shardlist import read_dataset
     from shardstream.format.verify import find_problems
 
-    store = Store(args.dest, storage_options(args))
-    manifest = read_manifest(store)
+    store, manifest = read_dataset(args.dest, storage_options(args))
     problems = find_problems(store, manifest)
     for problem in problems:
         print(f"MISMATCH {problem}")

@@ -30,7 +30,7 @@ def add_view(subparsers: Any) -> None:
 
 
 def _run_view(args: argparse.Namespace) -> int:
-    from shardstream.shardwriter.views import make_view, split_dataset
+    from shardstream.catalog.views import make_view, split_dataset
 
     options = storage_options(args)
     if args.split:
@@ -76,7 +76,7 @@ def add_merge(subparsers: Any) -> None:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from shardstream.shardwriter.partitions import merge_partitions
+    from shardstream.catalog.partitions import merge_partitions
 
     manifest = merge_partitions(args.dest, args.partitions, storage_options=storage_options(args))
     parts = manifest.settings.get("partitions")

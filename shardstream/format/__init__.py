@@ -7,11 +7,12 @@
 - :mod:`~shardstream.format.tarwriter`: deterministic shards;
 - :mod:`~shardstream.format.shardindex`: the per-sample byte-offset index (``.idx``);
 - :mod:`~shardstream.format.manifest`: what a dataset holds, written last;
+- :mod:`~shardstream.format.timminfo`: timm's ``_info.json``, written from the manifest;
 - :mod:`~shardstream.format.codecs`: member values by extension;
 - :mod:`~shardstream.format.scan`, :mod:`~shardstream.format.verify`: a whole shard read once,
   checked against the manifest.
 
-The writer (:mod:`shardstream.shardwriter`), the streaming reader and ``shardstream index``
-share these modules; they import only :mod:`shardstream.errors` and
-:mod:`shardstream.storage`.
+The catalog (:mod:`shardstream.catalog`: ``index``, views, versions), the writer
+(:mod:`shardstream.shardwriter`) and the streaming reader share these modules; they import
+only :mod:`shardstream.errors` and :mod:`shardstream.storage`.
 """

@@ -57,7 +57,7 @@ def read_manifest(
 
     A local shard table is memory-mapped, so every process that opens the dataset shares it.
     This is the newest published version of a dataset that grew; older ones are read with
-    :func:`shardstream.format.versions.read_version`.
+    :func:`shardstream.catalog.versions.read_version`.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).

@@ -72,12 +72,12 @@ class Manifest:
             paths resolved against the dataset folder. Names stay relative to it.
         index_root: Where the shards' indexes are, when not in the dataset folder (a view
             uses its source dataset's).
-        view: For a view (a subset of another dataset, see :mod:`shardstream.shardwriter.views`),
+        view: For a view (a subset of another dataset, see :mod:`shardstream.catalog.views`),
             the selection that keeps a sample; shard counts are the kept samples.
         format_version: The format version it was read from (not compared: the same dataset
             may be written in either form).
         version: The dataset version it describes: 1 for a build, one more for each append
-            (see :mod:`shardstream.format.versions`); a manifest without the field is version 1.
+            (see :mod:`shardstream.catalog.versions`); a manifest without the field is version 1.
 
     Example:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))

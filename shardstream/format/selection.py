@@ -1,6 +1,6 @@
 """Which samples a view keeps: a rule on key hashes, the same for the writer and every reader.
 
-A view (a subset of a dataset, see :mod:`shardstream.shardwriter.views`) keeps a sample by its
+A view (a subset of a dataset, see :mod:`shardstream.catalog.views`) keeps a sample by its
 key alone, never by its position, so a view stays the same however the source dataset's shards
 are read, and a train/val split by key puts every key on one side for good. The key hashes come
 from the shards' indexes (:mod:`shardstream.format.shardindex`, version 2), so choosing costs

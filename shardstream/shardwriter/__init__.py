@@ -1,5 +1,7 @@
-"""The shard writer: pack image folders, CSV/JSONL lists or sample iterables into tar shards,
-and describe shards made by other tools (:func:`index_shards`).
+"""The shard writer: pack image folders, CSV/JSONL lists or sample iterables into tar shards.
+
+Indexing other tools' shards (:func:`index_shards`), views and merges live in
+:mod:`shardstream.catalog` and are re-exported here.
 
 Example:
     >>> from shardstream.shardwriter import build_shards
@@ -8,12 +10,14 @@ Example:
 
 from __future__ import annotations
 
+# The catalog's operations are also named here, where they were before shardstream.catalog.
+from shardstream.catalog.indexer import IndexOptions, index_shards
+from shardstream.catalog.partitions import merge_partitions
+from shardstream.catalog.views import make_view, split_dataset
 from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter.build import ProgressCallback, build_shards
-from shardstream.shardwriter.indexer import IndexOptions, index_shards
 from shardstream.shardwriter.options import BuildOptions
-from shardstream.shardwriter.partitions import merge_partitions, write_partition
-from shardstream.shardwriter.views import make_view, split_dataset
+from shardstream.shardwriter.partitions import write_partition
 
 __all__ = [
     "BuildOptions",

@@ -9,7 +9,7 @@ and build state in ``DATASET/_shardstream_build``) with these differences:
    records the version appended to, so a second append started meanwhile is refused;
 3. the parts become ``shard-N.tar`` ... numbered after the dataset's shards (a name that
    exists already is refused, never overwritten);
-4. the new version is published with :func:`shardstream.format.versions.publish_version`:
+4. the new version is published with :func:`shardstream.catalog.versions.publish_version`:
    versioned files first, ``manifest.json`` replaced last.
 
 A killed append leaves the old version readable; the same command run again finishes it, and
@@ -27,20 +27,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shardstream._version import __version__
+from shardstream.catalog.versions import publish_version, published_version
 from shardstream.errors import ConfigError, DatasetExistsError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest, SkippedSample, read_manifest
 from shardstream.format.shardtable import ShardTable
-from shardstream.format.versions import publish_version, published_version
+from shardstream.format.timminfo import write_timm_info
 from shardstream.shardwriter import state
 from shardstream.shardwriter.appendchecks import check_appendable, check_names_free, is_empty
 from shardstream.shardwriter.chunks import ProgressCallback, write_chunks
-from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
 from shardstream.shardwriter.sources import ScannedSource, scan_source
 from shardstream.shardwriter.tasks import ChunkResult
-from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
+from shardstream.storage.lock import destination_lock
 
 __all__ = ["append_source"]
 

@@ -10,20 +10,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shardstream._version import __version__
+from shardstream.catalog.execute import run_tasks
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.shardtable import ShardTable
+from shardstream.format.timminfo import write_timm_info
 from shardstream.shardwriter import state
 from shardstream.shardwriter.chunks import ProgressCallback, Tracker, write_chunks
-from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.iterables import chunk_samples
-from shardstream.shardwriter.lock import destination_lock
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
 from shardstream.shardwriter.sources import ScannedSource, scan_source
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
-from shardstream.shardwriter.timminfo import write_timm_info
 from shardstream.storage import Store
+from shardstream.storage.lock import destination_lock
 
 __all__ = ["ProgressCallback", "build_shards"]
 

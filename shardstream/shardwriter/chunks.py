@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shardstream.catalog.execute import run_tasks
 from shardstream.shardwriter import state
-from shardstream.shardwriter.execute import run_tasks
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk

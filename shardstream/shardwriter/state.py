@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from shardstream.errors import DatasetExistsError, ManifestError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
 from shardstream.format.shardindex import index_name
-from shardstream.shardwriter.lock import LOCK_NAME
+from shardstream.format.timminfo import TIMM_INFO_NAME
 from shardstream.shardwriter.tasks import ChunkResult
-from shardstream.shardwriter.timminfo import TIMM_INFO_NAME
 from shardstream.storage import Store
+from shardstream.storage.lock import LOCK_NAME
 
 __all__ = [
     "STATE_FOLDER",

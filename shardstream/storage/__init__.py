@@ -11,6 +11,7 @@ and the reader name files relative to it. Behind it, each file does one job:
 - ``retry.py``: retries with backoff and the classification of storage errors;
 - ``cache.py``: the local shard cache shared by DataLoader workers;
 - ``limits.py``: how many files a process may keep open;
+- ``lock.py``: one writer per local destination (an ``flock`` a killed run cannot leave stale);
 - ``redact.py``: keeping credentials out of every message.
 """
 

@@ -11,12 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shardstream.catalog.shardlist import ShardSpec, resolve_source
     from shardstream.streaming.dataset import StreamingDataset
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
     from shardstream.streaming.options import StreamOptions
     from shardstream.streaming.randomaccess import RandomAccessDataset
-    from shardstream.streaming.shardlist import ShardSpec, resolve_source
 
 __all__ = [
     "RandomAccessDataset",
@@ -30,12 +30,12 @@ __all__ = [
 
 _LAZY = {
     "RandomAccessDataset": "shardstream.streaming.randomaccess",
-    "ShardSpec": "shardstream.streaming.shardlist",
+    "ShardSpec": "shardstream.catalog.shardlist",
     "Stream": "shardstream.streaming.mixture",
     "StreamOptions": "shardstream.streaming.options",
     "StreamingDataLoader": "shardstream.streaming.loader",
     "StreamingDataset": "shardstream.streaming.dataset",
-    "resolve_source": "shardstream.streaming.shardlist",
+    "resolve_source": "shardstream.catalog.shardlist",
 }
 
 

@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shardstream.catalog.shardlist import Source
 from shardstream.errors import ConfigError
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.loader import StreamingDataLoader
 from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.shardlist import Source
 from shardstream.streaming.stats import bottleneck
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import torch.utils.data
 
+from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.context import Context, current_context
@@ -28,7 +29,6 @@ from shardstream.streaming.resumestate import (
     layout_from_dict,
 )
 from shardstream.streaming.settings import Settings
-from shardstream.streaming.shardlist import ShardList, Source, resolve_source
 from shardstream.streaming.versions import DatasetVersion, VersionNumber, VersionSet, reopen
 from shardstream.streaming.worker import batch as batching
 from shardstream.streaming.worker.channel import EpochChannel

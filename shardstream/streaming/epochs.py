@@ -16,6 +16,7 @@ import logging
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from shardstream.catalog.shardlist import ShardList
 from shardstream.streaming.context import Context
 from shardstream.streaming.mixture import Mixture
 from shardstream.streaming.planning.chunks import epoch_sequence
@@ -25,7 +26,6 @@ from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
 from shardstream.streaming.planning.wholeshardplan import role_after
 from shardstream.streaming.resumestate import PassState
-from shardstream.streaming.shardlist import ShardList
 from shardstream.streaming.worker.reader import WorkerStats
 
 if TYPE_CHECKING:

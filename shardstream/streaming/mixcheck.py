@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.catalog.shardlist import Source
 from shardstream.errors import ConfigError
 from shardstream.streaming.bench import format_table
 from shardstream.streaming.dataset import StreamingDataset
@@ -26,7 +27,6 @@ from shardstream.streaming.mixmetrics import distinct_per_batch, random_distinct
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.readorder import planned_batches
 from shardstream.streaming.resumestate import PassState
-from shardstream.streaming.shardlist import Source
 
 __all__ = ["MixCheckOptions", "check_mix", "format_mix_report", "mix_advice"]
 

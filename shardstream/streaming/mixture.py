@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.catalog.shardlist import ShardList, Source, resolve_source, source_of
 from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, StorageOptions
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence, stream_quotas
 from shardstream.streaming.planning.split import PlanOptions
-from shardstream.streaming.shardlist import ShardList, Source, resolve_source, source_of
 
 __all__ = ["Mixture", "Stream", "stream_quotas"]
 

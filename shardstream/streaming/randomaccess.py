@@ -6,7 +6,7 @@ to its shard and ordinal with the manifest's counts, and reads exactly that samp
 the shard's index: one ranged read on an object store (after the shard's index, read once and
 cached), one memory map locally. Looking a sample up by key uses the key hashes the indexes
 hold: the first lookup builds a sorted table of them (16 bytes per sample), later ones are a
-binary search. Views (:mod:`shardstream.shardwriter.views`) work alike, over their kept samples.
+binary search. Views (:mod:`shardstream.catalog.views`) work alike, over their kept samples.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any, cast
 import numpy as np
 import torch.utils.data
 
+from shardstream.catalog.shardlist import Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.shardlist import Source, resolve_source
 from shardstream.streaming.worker.reader import ReadSettings, ShardReader
 
 __all__ = ["RandomAccessDataset"]

@@ -19,13 +19,13 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shardstream.catalog.shardlist import ShardList, resolve_source
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.epochs import PassCache
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.resumestate import version_number
 from shardstream.streaming.settings import Settings
-from shardstream.streaming.shardlist import ShardList, resolve_source
 
 __all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "reopen"]
 

@@ -12,11 +12,11 @@ from typing import Any
 import fsspec
 import pytest
 
+from shardstream.catalog.versions import list_versions, publish_version, read_version
 from shardstream.errors import DatasetExistsError
 from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.format.shardtable import ShardInfo
 from shardstream.format.verify import find_problems
-from shardstream.format.versions import list_versions, publish_version, read_version
 from shardstream.shardwriter import build_shards, state
 from shardstream.storage import Store
 from shardstream.storage import files as storage_files
@@ -196,7 +196,7 @@ def test_index_on_a_prefix_that_gained_shards_reads_only_the_new_ones(
     proxy_options, fault_proxy: FaultProxy, moto_fs, tmp_path
 ) -> None:
     from shardstream import index_shards
-    from tests.shardwriter.test_index_growth import _write_shards
+    from tests.catalog.test_index_growth import _write_shards
 
     local = tmp_path / "shards"
     _write_shards(local, 0, 2)

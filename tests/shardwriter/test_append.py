@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from shardstream.catalog.versions import list_versions, prune_versions, read_version
 from shardstream.errors import (
     ConfigError,
     DatasetExistsError,
@@ -17,7 +18,6 @@ from shardstream.errors import (
 )
 from shardstream.format.manifest import read_manifest
 from shardstream.format.verify import find_problems
-from shardstream.format.versions import list_versions, prune_versions, read_version
 from shardstream.shardwriter import build_shards
 from shardstream.storage import Store
 

@@ -23,8 +23,8 @@ from PIL import Image
 
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
+from shardstream.format.timminfo import TIMM_INFO_NAME, timm_info_json, write_timm_info
 from shardstream.shardwriter import build, build_shards
-from shardstream.shardwriter.timminfo import TIMM_INFO_NAME, timm_info_json, write_timm_info
 
 from ..conftest import encode_image
 from .helpers import dataset_bytes, tar_members

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from shardstream.catalog.versions import prune_versions
 from shardstream.errors import ConfigError, ManifestNotFoundError
-from shardstream.format.versions import prune_versions
 from shardstream.shardwriter import build_shards
 from shardstream.storage import Store
 from shardstream.streaming import (

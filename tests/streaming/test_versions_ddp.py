@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shardstream.catalog.versions import read_version
 from shardstream.format.manifest import read_manifest
-from shardstream.format.versions import read_version
 from shardstream.shardwriter import build_shards
 from shardstream.storage import Store
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions

@@ -38,6 +38,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from shardstream.catalog.facts import DatasetFacts
+
 __all__ = [
     "LOCAL_CHUNK_SIZE",
     "LOCAL_NUM_OPEN",
@@ -64,21 +66,6 @@ _UNINDEXED = (0, 64, 64, 64)  # (chunk_size, num_open, piece_size, block_size): 
 #: remote stream with its read-ahead), so remote ones are fewer.
 _OPEN_SHARDS_LOCAL = 256
 _OPEN_SHARDS_REMOTE = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetFacts:
-    """What the default order depends on, known to every rank from the manifest.
-
-    Attributes:
-        indexed: Every shard has a per-sample byte index (pieces can start anywhere).
-        local: Every shard is on a local file system (no request per read).
-        mean_sample_bytes: Average bytes per sample (shard bytes / samples), 0 if unknown.
-    """
-
-    indexed: bool
-    local: bool
-    mean_sample_bytes: float
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from shardstream.catalog.shardlist import ShardList, ShardSpec
 from shardstream.errors import ShardFormatError, StorageError
 from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
 from shardstream.storage import hints
-from shardstream.streaming.shardlist import ShardList, ShardSpec
 from shardstream.streaming.worker.handles import HandlePool, IndexCache, OffsetIndex
 from shardstream.streaming.worker.pieces import read_piece
 

@@ -10,14 +10,13 @@ import pytest
 import webdataset as wds
 
 from shardstream import index_shards, read_manifest
+from shardstream.catalog.versions import list_versions, read_version
 from shardstream.errors import DatasetExistsError
 from shardstream.format.verify import verify_dataset
-from shardstream.format.versions import list_versions, read_version
 from shardstream.shardwriter import build_shards
 from shardstream.storage import Store
+from tests.shardwriter.growth import write_day
 from tests.streaming.shards import tiny_jpeg
-
-from .growth import write_day
 
 
 def _write_shards(folder: pathlib.Path, first_shard: int, num_shards: int) -> None:

@@ -7,10 +7,9 @@ writes what counted datasets have: a per-shard index (byte offsets and key hashe
 (written last) and timm's ``_info.json``. Then every guarantee holds on those shards: ``len``,
 exact equal epochs, memory-mapped reads, resume at any world size, mixtures, views, ``verify``.
 
-The metadata goes next to the shards, or into DEST when given (for shards that cannot be
-written next to, such as a read-only bucket): DEST's manifest then names the shards' root.
-Shards are read in batches by parallel tasks (processes, or any executor); each batch leaves a
-record in DEST's ``_shardstream_index`` folder, so a killed run goes on where it stopped.
+The metadata goes next to the shards, or into DEST (shards in a read-only bucket...): DEST's
+manifest then names the shards' root. Shards are read in batches by parallel tasks (processes,
+or any executor); each leaves a record in DEST's ``_shardstream_index``: a killed run goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +24,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from shardstream._version import __version__
+from shardstream.catalog.execute import run_tasks
+from shardstream.catalog.indexgrowth import new_shards
+from shardstream.catalog.shardlist import Source, resolve_source
+from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError, SourceError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.roots import absolute_root
@@ -32,13 +35,9 @@ from shardstream.format.scan import scan_shard
 from shardstream.format.shardindex import decode_index, encode_offsets, index_name
 from shardstream.format.shardtable import ShardInfo, ShardTable
 from shardstream.format.tarreader import is_gzip_name
-from shardstream.format.versions import publish_version
-from shardstream.shardwriter.execute import run_tasks
-from shardstream.shardwriter.indexgrowth import new_shards
-from shardstream.shardwriter.listing import list_shards
-from shardstream.shardwriter.lock import destination_lock
-from shardstream.shardwriter.timminfo import write_timm_info
+from shardstream.format.timminfo import write_timm_info
 from shardstream.storage import Store
+from shardstream.storage.lock import destination_lock
 
 __all__ = ["IndexOptions", "index_shards"]
 
@@ -123,7 +122,7 @@ ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
 
 
 def index_shards(
-    source: str | os.PathLike[str] | Sequence[str],
+    source: Source,
     dest: str | os.PathLike[str] | None = None,
     options: IndexOptions | None = None,
     *,
@@ -135,8 +134,8 @@ def index_shards(
     """Index existing shards: per-shard indexes, ``manifest.json`` and timm's ``_info.json``.
 
     Args:
-        source: A folder or URL prefix of ``.tar``/``.tar.gz`` shards, a brace pattern, a
-            ``.txt`` list of shard URLs, or a list of URLs.
+        source: A folder of ``.tar``/``.tar.gz`` shards, a manifest file, a brace pattern, a
+            ``.txt`` list of shard URLs or a list of URLs (see :func:`resolve_source`).
         dest: Where the metadata goes (default: next to the shards). DEST's manifest then
             names the shards where they are.
         options: See :class:`IndexOptions`.
@@ -160,7 +159,8 @@ def index_shards(
         ...                         workers=16)  # doctest: +SKIP
     """
     options = dataclasses.replace(options or IndexOptions(), **overrides)
-    shards, names = list_shards(source, storage_options)
+    _, listed, _ = resolve_source(source, storage_options, list_folder=True)
+    shards, names = listed.sources[0].shards, listed.names()
     target = shards if dest is None else Store(dest, storage_options)
     with destination_lock(target, "index"):
         base, names = new_shards(target, names, options.overwrite)

@@ -1,4 +1,20 @@
-"""Sources -> shard lists: a dataset folder with a manifest, a brace pattern, or a list of URLs."""
+"""Sources -> shard lists: the one function every entry point turns a source into shards with.
+
+:func:`resolve_source` takes any of these forms; ``index``, ``StreamingDataset``, random
+access and mixtures call it, and views, ``inspect`` and ``verify`` call :func:`read_dataset`
+(its part for the forms with a manifest), so a form works the same everywhere:
+
+- a dataset folder or URL prefix holding ``manifest.json`` (or, for ``index``, any folder of
+  ``.tar``/``.tar.gz``/``.tgz`` shards: its files are listed, sorted);
+- a manifest file (``DATASET/manifest.json``, or a version's ``manifest.v000002.json``);
+- a shard URL or brace pattern, ``"s3://b/train-{000000..001023}.tar"``;
+- a ``.txt`` file of shard URLs, one a line (blank lines and ``#`` comments skipped; entries
+  are used as written, so relative ones are relative to the working directory);
+- a Python list of shard URLs.
+
+Any fsspec URL works (local paths, ``s3://``, ``memory://``); the shards of one source must be
+on one filesystem.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +25,30 @@ from collections.abc import Sequence
 import braceexpand
 import numpy as np
 
+from shardstream.catalog.facts import DatasetFacts
+from shardstream.catalog.versions import read_version
 from shardstream.errors import ConfigError
-from shardstream.format.manifest import Manifest, read_manifest
+from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
-from shardstream.format.versions import read_version
 from shardstream.storage import ReadOptions, StorageOptions, Store
-from shardstream.streaming.planning.order import DatasetFacts
 
-__all__ = ["ShardList", "ShardSource", "ShardSpec", "Source", "resolve_source", "source_of"]
+__all__ = [
+    "SHARD_SUFFIXES",
+    "ShardList",
+    "ShardSource",
+    "ShardSpec",
+    "Source",
+    "read_dataset",
+    "resolve_source",
+    "source_of",
+]
 
-_SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz", ".tar.zst")
+#: Files a folder's listing takes as shards.
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+#: Names that are one shard's URL (not a folder), with ``.tar.zst`` read by the streaming side.
+_URL_SUFFIXES = (*SHARD_SUFFIXES, ".tar.zst")
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
@@ -102,6 +130,11 @@ class ShardList:
         local = all(source.shards.is_local for source in self.sources)
         return DatasetFacts(indexed, local, num_bytes / samples if samples else 0.0)
 
+    def names(self, source: int = 0) -> list[str]:
+        """The shard names of one source, in order (relative to its ``shards`` store)."""
+        table = self.sources[source].table
+        return list(table if isinstance(table, NameColumn) else table.names)
+
     def locate(self, shard: int) -> tuple[int, int]:
         """``(source, shard number within it)`` of shard number ``shard``."""
         source = int(np.searchsorted(self.firsts, shard, side="right")) - 1
@@ -130,36 +163,44 @@ def resolve_source(
     storage_options: StorageOptions = None,
     read_options: ReadOptions | None = None,
     version: int | None = None,
+    *,
+    list_folder: bool = False,
 ) -> tuple[Store, ShardList, Manifest | None]:
-    """Expand a source into a store and its shards, reading the manifest of a dataset folder.
+    """Expand any source into a store and its shards, reading a dataset's manifest.
 
     Args:
-        source: A dataset folder or URL prefix holding ``manifest.json``; a shard URL or brace
-            pattern such as ``"s3://b/train-{000000..001023}.tar"``; or a list of shard URLs.
+        source: A dataset folder or URL prefix holding ``manifest.json``; a manifest file; a
+            shard URL or brace pattern such as ``"s3://b/train-{000000..001023}.tar"``; a
+            ``.txt`` file of shard URLs, one a line; or a list of shard URLs.
         storage_options: fsspec options (credentials, endpoint) for remote URLs.
         read_options: Retries, read-ahead and cache for reading the shards.
-        version: The dataset version to read (None: the newest); for dataset folders only.
+        version: The dataset version to read (None: the newest); for datasets with a manifest.
+        list_folder: Take a folder's ``.tar``, ``.tar.gz`` and ``.tgz`` files, sorted by name,
+            whether it holds a manifest or not (what ``index`` reads), instead of its manifest.
 
     Returns:
-        The dataset's store, the shards, and the manifest (None for patterns and lists:
-        counts are unknown).
+        The dataset's store, the shards, and the manifest (None for patterns, URL lists and
+        listed folders: counts are unknown).
 
     Raises:
         ManifestNotFoundError: A folder without ``manifest.json``, or without ``version``.
-        ConfigError: The source expands to no shards, or to shards on different storage.
+        ConfigError: The source names no shards, or shards on different storage.
 
     Example:
         >>> store, shards, _ = resolve_source("d/train-{0..1}.tar")
-        >>> store.root, [shards.spec(i).name for i in range(len(shards))]
+        >>> store.root, shards.names()
         ('d', ['train-0.tar', 'train-1.tar'])
     """
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        if "{" in text or text.endswith(_SHARD_SUFFIXES):
+        if "{" in text or text.endswith(_URL_SUFFIXES):
             urls = list(braceexpand.braceexpand(text))
+        elif text.endswith(".txt"):
+            urls = _read_url_list(Store(text, storage_options))
+        elif list_folder and not text.endswith(".json"):
+            return _list_folder(Store(text, storage_options, read_options))
         else:
-            store = Store(text, storage_options, read_options)
-            manifest = read_manifest(store) if version is None else read_version(store, version)
+            store, manifest = read_dataset(text, storage_options, read_options, version)
             if not len(manifest.shards):
                 raise ConfigError(f"{store.shown()}: the manifest lists no shards")
             return store, ShardList([source_of(store, manifest)]), manifest
@@ -170,4 +211,67 @@ def resolve_source(
     if not urls:
         raise ConfigError(f"{source!r} names no shards; pass a folder, a pattern or a URL list")
     store, names = Store.for_urls(urls, storage_options, read_options)
+    return store, ShardList([ShardSource(store, store, NameColumn.of(names))]), None
+
+
+def _read_url_list(listing: Store) -> list[str]:
+    """The shard URLs of a ``.txt`` file: one a line, blank lines and ``#`` comments skipped."""
+    lines = (line.strip() for line in listing.read_bytes("").decode("utf-8").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _split_file(text: str) -> tuple[str, str]:
+    """``(folder, name)`` of a file's path or URL."""
+    folder, _, name = text.rpartition("/")
+    return folder or ".", name
+
+
+def read_dataset(
+    source: Source,
+    storage_options: StorageOptions = None,
+    read_options: ReadOptions | None = None,
+    version: int | None = None,
+) -> tuple[Store, Manifest]:
+    """A dataset's folder and manifest, from the folder (or URL prefix) or a manifest file.
+
+    What :func:`resolve_source` reads for those two forms; views, ``inspect`` and ``verify``,
+    which need a manifest, read sources with it.
+
+    Raises:
+        ManifestNotFoundError: A folder without ``manifest.json``, or without ``version``.
+        ConfigError: The source names shards (a pattern, a URL list, a ``.txt`` file), not a
+            dataset with a manifest.
+
+    Example:
+        >>> store, manifest = read_dataset("shards/train/manifest.json")  # doctest: +SKIP
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        raise _no_manifest(f"a list of {len(source)} shard URLs")
+    text = os.fspath(source)
+    if "{" in text or text.endswith((*_URL_SUFFIXES, ".txt")):
+        raise _no_manifest(text)
+    folder, name = _split_file(text) if text.endswith(".json") else (text, MANIFEST_NAME)
+    store = Store(folder, storage_options, read_options)
+    if name == MANIFEST_NAME:
+        return store, read_manifest(store) if version is None else read_version(store, version)
+    if version is not None:
+        raise ConfigError(
+            f"{store.shown(name)}: version={version} needs the dataset folder or its "
+            f"{MANIFEST_NAME}, not another manifest file"
+        )
+    return store, read_manifest_file(store, name)
+
+
+def _no_manifest(shown: str) -> ConfigError:
+    return ConfigError(
+        f"{shown}: names shards without a manifest, not a dataset; index them first "
+        "(`shardstream index SOURCE DEST`, or index_shards) and pass DEST"
+    )
+
+
+def _list_folder(store: Store) -> tuple[Store, ShardList, None]:
+    """A folder's shard files, sorted by name (no manifest read: counts unknown)."""
+    names = sorted(name for name in store.list_names() if name.endswith(SHARD_SUFFIXES))
+    if not names:
+        raise ConfigError(f"{store.shown()}: holds no .tar, .tar.gz or .tgz shards")
     return store, ShardList([ShardSource(store, store, NameColumn.of(names))]), None

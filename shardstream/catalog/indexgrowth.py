@@ -3,7 +3,7 @@
 The dataset's manifest lists the shards it indexed, in listing order. When the listing now
 holds those same names first and more after them, only the new shards are read; the new
 version lists the old shards unchanged (names, counts, checksums, indexes) followed by the new
-ones, and is published like an append (:func:`shardstream.format.versions.publish_version`).
+ones, and is published like an append (:func:`shardstream.catalog.versions.publish_version`).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_a_killed_index_goes_on_where_it_stopped(tmp_path: pathlib.Path) -> None
     shards = _webdataset_shards(tmp_path / "wds", per_shard=2)  # 19 shards
     opened: list[str] = []
     limit = [8]
-    from shardstream.shardwriter import indexer
+    from shardstream.catalog import indexer
 
     real = indexer._index_task
 

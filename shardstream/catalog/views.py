@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from shardstream._version import __version__
+from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
-from shardstream.format.manifest import Manifest, read_manifest, write_manifest
+from shardstream.format.manifest import Manifest, write_manifest
 from shardstream.format.roots import absolute_root, root_store
 from shardstream.format.selection import Selection
 from shardstream.format.shardindex import decode_index
@@ -34,7 +35,7 @@ _READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
 
 
 def make_view(
-    source: str | os.PathLike[str],
+    source: Source,
     dest: str | os.PathLike[str],
     *,
     fraction: float | None = None,
@@ -46,8 +47,8 @@ def make_view(
     """Write a view of ``source`` into ``dest``: exactly one of ``fraction``, ``keys``, ``bounds``.
 
     Args:
-        source: A dataset folder or URL whose shards have indexes with key hashes (built by
-            shardstream, or indexed with ``shardstream index``).
+        source: A dataset folder or URL, or its manifest file, whose shards have indexes with
+            key hashes (built by shardstream, or indexed with ``shardstream index``).
         dest: The view's folder (it holds only a manifest, and the key list for ``keys``).
         fraction: Keep about this fraction of the samples, chosen by key with ``seed``.
         keys: Keep the samples with these keys.
@@ -69,8 +70,7 @@ def make_view(
         selection = Selection("range", seed, *bounds)
     else:
         selection = Selection.of_keys(np.fromiter(map(key_hash, keys or ()), np.int64))
-    origin = Store(source, storage_options)
-    manifest = read_manifest(origin)
+    origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None:
         raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
     counts = _kept_counts(origin, manifest, selection)
@@ -100,7 +100,7 @@ def make_view(
 
 
 def split_dataset(
-    source: str | os.PathLike[str],
+    source: Source,
     dest: str | os.PathLike[str],
     splits: Mapping[str, float],
     *,

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 from shardstream.errors import DatasetExistsError
-from shardstream.storage import Store
+from shardstream.storage.store import Store
 
 try:
     import fcntl

@@ -1,0 +1,80 @@
+"""What a dataset is made of: shard lists from any source, indexes, views, merges, versions.
+
+- ``shardlist.py``: :func:`resolve_source`, the one function that turns a source (a dataset
+  folder, a manifest file, a brace pattern, a ``.txt`` file of URLs, a list of URLs) into a
+  :class:`ShardList`; every entry point (index, the datasets, mixtures) reads sources with it,
+  and :func:`read_dataset`, its half for sources with a manifest (views, ``inspect``, ``verify``);
+- ``facts.py``: what the default epoch order depends on (indexed, local, sample size);
+- ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
+- ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;
+- ``partitions.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
+- ``versions.py``: versioned manifests of a dataset that grows;
+- ``execute.py``: runs index and build tasks on processes or any executor.
+
+The catalog imports storage and format only; the writer and the streaming side import it.
+Names are imported lazily, so importing one module (``facts``) imports nothing else.
+
+Example:
+    >>> from shardstream.catalog import resolve_source
+    >>> store, shards, manifest = resolve_source("shards/train")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardstream.catalog.facts import DatasetFacts
+    from shardstream.catalog.indexer import IndexOptions, index_shards
+    from shardstream.catalog.partitions import merge_partitions
+    from shardstream.catalog.shardlist import (
+        ShardList,
+        ShardSource,
+        ShardSpec,
+        Source,
+        read_dataset,
+        resolve_source,
+    )
+    from shardstream.catalog.views import make_view, split_dataset
+
+__all__ = [
+    "DatasetFacts",
+    "IndexOptions",
+    "ShardList",
+    "ShardSource",
+    "ShardSpec",
+    "Source",
+    "index_shards",
+    "make_view",
+    "merge_partitions",
+    "read_dataset",
+    "resolve_source",
+    "split_dataset",
+]
+
+_LAZY = {
+    "DatasetFacts": "shardstream.catalog.facts",
+    "IndexOptions": "shardstream.catalog.indexer",
+    "ShardList": "shardstream.catalog.shardlist",
+    "ShardSource": "shardstream.catalog.shardlist",
+    "ShardSpec": "shardstream.catalog.shardlist",
+    "Source": "shardstream.catalog.shardlist",
+    "index_shards": "shardstream.catalog.indexer",
+    "make_view": "shardstream.catalog.views",
+    "merge_partitions": "shardstream.catalog.partitions",
+    "read_dataset": "shardstream.catalog.shardlist",
+    "resolve_source": "shardstream.catalog.shardlist",
+    "split_dataset": "shardstream.catalog.views",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardstream.catalog' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
