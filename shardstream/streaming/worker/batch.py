@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from shardstream.streaming.context import in_worker
 from shardstream.streaming.decoding.images import writable_bytes
 from shardstream.streaming.worker import shmpool
 from shardstream.streaming.worker.inline import inline
@@ -61,7 +60,7 @@ def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
 
 
 def pack_bytes(
-    blobs: Sequence[bytes], shared: bool | None = None, buffers: int = DEFAULT_BUFFERS
+    blobs: Sequence[bytes], shared: bool = False, buffers: int = DEFAULT_BUFFERS
 ) -> list[Any]:
     """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
 
@@ -71,7 +70,8 @@ def pack_bytes(
 
     Args:
         blobs: Encoded images (any bytes-like objects).
-        shared: Put the buffer in shared memory; by default only inside DataLoader workers.
+        shared: Put the buffer in shared memory (inside DataLoader workers: the caller knows
+            where it runs, from :class:`~shardstream.streaming.control.context.Context`).
         buffers: Reusable shared-memory buffers a worker keeps (0: a new segment per batch).
 
     Example:
@@ -80,7 +80,6 @@ def pack_bytes(
     """
     import torch
 
-    shared = in_worker() if shared is None else shared
     if not shared and all(writable_bytes(blob) for blob in blobs):
         # Nothing crosses a process: wrap the reader's own buffers, no copy.
         return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
@@ -92,11 +91,13 @@ def pack_bytes(
     return ByteViews(buffer, bounds)
 
 
-def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS) -> Any:
-    """Stack tensors of equal shape into one tensor (shared memory in workers); else a list.
+def stack_or_list(
+    values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS, shared: bool = False
+) -> Any:
+    """Stack tensors of equal shape into one tensor (shared memory if ``shared``); else a list.
 
-    With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat shared buffer.
-    ``buffers`` is as in :func:`pack_bytes`.
+    With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat buffer.
+    ``buffers`` and ``shared`` are as in :func:`pack_bytes`.
     """
     import torch
 
@@ -106,35 +107,39 @@ def stack_or_list(values: Sequence[Any], pack: bool = False, buffers: int = DEFA
         and isinstance(first, (bytes, bytearray, memoryview))
         and all(isinstance(v, (bytes, bytearray, memoryview)) for v in values)
     ):
-        return pack_bytes(values, buffers=buffers)
+        return pack_bytes(values, shared, buffers)
     if isinstance(first, torch.Tensor) and all(
         isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
     ):
         # In workers, stack into shared memory: the training process then copies nothing.
-        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, in_worker())
+        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, shared)
         return torch.stack(list(values), out=out)
     return list(values)
 
 
 def collate_pairs(
-    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS
+    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
 ) -> tuple[Any, Any]:
-    """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor."""
+    """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor.
+
+    ``shared``: in a DataLoader worker (images to shared memory, labels inlined).
+    """
     import torch
 
-    images = stack_or_list([image for image, _ in pairs], pack=True, buffers=buffers)
+    images = stack_or_list([image for image, _ in pairs], True, buffers, shared)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
-    if in_worker():
+    if shared:
         labels = inline(labels)
     return images, labels
 
 
 def collate_dicts(
-    samples: Sequence[dict[str, Any]], buffers: int = DEFAULT_BUFFERS
+    samples: Sequence[dict[str, Any]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
 ) -> dict[str, Any]:
     """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked).
 
     Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes.
+    ``shared`` is as in :func:`collate_pairs`.
     """
     import torch
 
@@ -144,7 +149,7 @@ def collate_dicts(
         values = [sample.get(key) for sample in samples]
         if key == "label":
             labels = torch.tensor(values, dtype=torch.int64)
-            batch[key] = inline(labels) if in_worker() else labels
+            batch[key] = inline(labels) if shared else labels
         else:
-            batch[key] = stack_or_list(values, pack=key == "image", buffers=buffers)
+            batch[key] = stack_or_list(values, key == "image", buffers, shared)
     return batch
