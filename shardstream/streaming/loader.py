@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import torch.utils.data
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.control.position import LoaderPosition
 from shardstream.streaming.dataset import StreamingDataset
-from shardstream.streaming.planning.passes import PassRecord
-from shardstream.streaming.planning.split import Layout
-from shardstream.streaming.resumestate import (
-    STATE_VERSION,
-    PassState,
-    check_fingerprint,
-    check_layout,
-    check_version,
-    layout_from_dict,
-)
 from shardstream.streaming.stats import LoaderStats
 
 __all__ = ["StreamingDataLoader"]
@@ -61,28 +51,10 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             )
         kwargs["batch_size"] = None
         super().__init__(dataset, **kwargs)
-        self._state: PassState | None = None  # None: take the dataset's epoch at the first pass
-        self._finished = False
-        self._pins_seen = dataset.channel.pin_count
+        self._position = LoaderPosition(dataset.control)
         self._stats = None
         if dataset.stats_board is not None:
             self._stats = LoaderStats(dataset, dataset.options.stats_interval_s)
-
-    def _physical(self) -> Layout:
-        return self.dataset.layout(self.num_workers)
-
-    def _planned(self, state: PassState) -> PassState:
-        """``state`` with its pass's plan layout fixed (a fresh pass: from this layout)."""
-        if state.dataset_version is None:  # a fresh epoch reads the version the dataset opened
-            state = dataclasses.replace(state, dataset_version=self.dataset.version)
-        if state.plan is not None or not self.dataset.counted:
-            return state
-        return dataclasses.replace(state, plan=self.dataset.settings.plan_layout(self._physical()))
-
-    def _pass_steps(self) -> int | None:
-        if not self.dataset.counted or self._state is None:
-            return None
-        return self.dataset.plan(self._state, self._physical()).steps
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank: those consumed in earlier passes plus this pass's.
@@ -90,39 +62,18 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Equal to ``len(dataset)`` except in an epoch resumed at another layout, where it keeps
         a trainer's batch count (which includes the batches consumed before the restart) right.
         """
-        total = self._pass_steps()
-        if total is None or self._state is None:
-            return len(self.dataset)
-        return sum(record.consumed_steps for record in self._state.history) + total
-
-    def _start_pass(self) -> None:
-        """Choose this pass: a pinned epoch, the rest of the current one, or the next one."""
-        dataset = self.dataset
-        pinned = dataset.channel.pin_count != self._pins_seen
-        self._pins_seen = dataset.channel.pin_count
-        total = self._pass_steps()
-        state = self._state
-        done = self._finished or (
-            total is not None and state is not None and state.consumed >= total
-        )
-        if state is None or (pinned and (dataset.epoch != state.epoch or done)):
-            state = PassState(dataset.epoch)
-        elif done:
-            state = PassState(state.epoch + 1)
-        self._state = self._planned(state)
-        self._finished = False
-        dataset.channel.post(self._state.as_dict())
+        total = self._position.epoch_steps(self.num_workers)
+        return len(self.dataset) if total is None else total
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
-        self._start_pass()
+        self._position.start_pass(self.num_workers)
         batches: Iterator[Any] = super().__iter__()
         if self._stats is not None:
             batches = self._stats.watch(batches)
         for item in batches:
-            if self._state is not None:
-                self._state = dataclasses.replace(self._state, consumed=self._state.consumed + 1)
+            self._position.advance()
             yield item
-        self._finished = True
+        self._position.finish()
 
     def stats(self) -> dict[str, Any]:
         """Loader statistics as a plain dict (``StreamOptions(stats=True)``; see
@@ -141,16 +92,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Plain values only (loads with ``torch.load(weights_only=True)``). A finished epoch
         saves as fully consumed, so a restore starts the next one.
         """
-        state = self._state or self._planned(PassState(self.dataset.epoch))
-        total = self._pass_steps()
-        if self._finished and total is not None:
-            state = dataclasses.replace(state, consumed=total)
-        return {
-            "version": STATE_VERSION,
-            **state.as_dict(),
-            **self._physical().as_dict(),
-            "fingerprint": self.dataset.fingerprint(state.dataset_version),
-        }
+        return self._position.state_dict(self.num_workers)
 
     def load_state_dict(self, state: dict[str, Any], allow_new_batch_size: bool = False) -> None:
         """Continue from :meth:`state_dict`, at this loader's world size and worker count.
@@ -166,32 +108,4 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 ``allow_new_batch_size`` (names the field and both values), or a dataset
                 without counts is resumed at another layout.
         """
-        check_version(state)
-        number = self.dataset.versions.number_for(state)
-        check_fingerprint(state["fingerprint"], self.dataset.fingerprint(number))
-        saved, current = layout_from_dict(state), self._physical()
-        check_layout(saved, current, elastic=True, allow_new_batch_size=allow_new_batch_size)
-        restored = dataclasses.replace(PassState.from_dict(state), dataset_version=number)
-        if not self.dataset.counted:
-            if saved != current or restored.history:
-                raise ConfigError(
-                    "cannot continue this epoch with another world size, worker count or batch "
-                    "size: the source has no manifest, so the samples already read cannot be "
-                    "known (run `shardstream index` on the shards to allow it)"
-                )
-        elif restored.plan is None or not _continues(restored.plan, current):
-            record = PassRecord(restored.plan or saved, restored.consumed)
-            restored = dataclasses.replace(
-                restored, history=(*restored.history, record), plan=None, consumed=0
-            )
-        self._state = self._planned(restored)
-        self._finished = False
-        self._pins_seen = self.dataset.channel.pin_count
-
-
-def _continues(plan: Layout, physical: Layout) -> bool:
-    """Whether ``physical`` can go on reading a pass planned for ``plan`` (same global batch)."""
-    return (
-        plan.world_size % physical.world_size == 0
-        and plan.world_size * plan.batch_size == physical.world_size * physical.batch_size
-    )
+        self._position.load_state_dict(state, self.num_workers, allow_new_batch_size)

@@ -91,7 +91,8 @@ class Mixture:
             sources.append(source_of(store, manifest))
             self.names.append(stream.name or store.shown())
             versions.append(manifest.version)
-        #: The version of every stream's dataset read (see :mod:`shardstream.streaming.versions`).
+        #: The version of every stream's dataset read (see
+        #: :mod:`shardstream.streaming.control.versions`).
         self.versions = tuple(versions)
         self.shards = ShardList(sources)
         sizes = [int(self.shards.counts(i).sum()) for i in range(len(streams))]

@@ -1,10 +1,13 @@
 """The layers import one way: errors <- storage <- format <- catalog <- {shardwriter, streaming}
 <- cli.
 
-Read from the source with ``ast`` (every import, also those inside functions, except imports
-under ``TYPE_CHECKING``), so a wrong-way import or a cycle fails here before it hides behind a
-lazy import. Planning is torch-free and I/O-free, the format package torch-free, and both import
-in a Python where torch cannot be imported at all.
+Read from the source with ``ast`` (every import, also those inside functions and those under
+``TYPE_CHECKING``: a type-only import is still a dependency, and a circle through one is still
+a circle), so a wrong-way import or a cycle fails here before it hides behind a lazy import.
+Planning is torch-free and I/O-free, the format package torch-free, and both import in a Python
+where torch cannot be imported at all. Pass control (``streaming/control``) never imports the
+dataset or the loader it serves, and only ``control/context.py`` reads ``torch.distributed`` or
+the DataLoader worker.
 """
 
 from __future__ import annotations
@@ -46,16 +49,8 @@ def _modules() -> dict[str, pathlib.Path]:
 def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
     """Modules of the package that ``path`` imports (a ``from x import y`` may name module y)."""
     tree = ast.parse(path.read_text())
-    skipped = {
-        id(node)
-        for stmt in ast.walk(tree)
-        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test)
-        for node in ast.walk(stmt)
-    }
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -180,3 +175,42 @@ def test_planning_and_format_import_where_torch_cannot() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_pass_control_imports_neither_the_dataset_nor_the_loader() -> None:
+    modules = _modules()
+    wiring = {"shardstream.streaming.dataset", "shardstream.streaming.loader"}
+    control = "shardstream.streaming.control"
+    wrong = [
+        f"{module} -> {target}"
+        for module, path in modules.items()
+        if module.startswith(control)
+        for target in _imports(path, set(modules)) & wiring
+    ]
+    assert wrong == []
+
+
+def test_only_the_context_reads_torch_distributed_and_the_worker_info() -> None:
+    readers = ("get_worker_info", "torch.distributed", "is_initialized", "get_rank")
+    found = []
+    for module, path in _modules().items():
+        if module == "shardstream.streaming.control.context":
+            continue
+        code = "\n".join(
+            line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")
+        )
+        tree = ast.parse(code)
+        names = {ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        names |= {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        names |= {
+            node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        found += [f"{module}: {name}" for name in names if any(r in name for r in readers)]
+    assert found == []

@@ -16,6 +16,7 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from shardstream.streaming.control.state import PassState
 from shardstream.streaming.mixmetrics import random_distinct, spearman
 from shardstream.streaming.planning.chunks import ChunkOrder, ChunkSequence, epoch_sequence
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence
@@ -24,7 +25,6 @@ from shardstream.streaming.planning.readorder import planned_batches
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import ShardSequence
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
-from shardstream.streaming.resumestate import PassState
 from tests.streaming.shards import make_dataset
 
 CLASSES, PER_CLASS, BATCH = 200, 1000, 64

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from shardstream.streaming.context import in_worker
 from shardstream.streaming.decoding.images import writable_bytes
 from shardstream.streaming.worker import shmpool
 from shardstream.streaming.worker.inline import inline
@@ -61,7 +60,7 @@ def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
 
 
 def pack_bytes(
-    blobs: Sequence[bytes], shared: bool | None = None, buffers: int = DEFAULT_BUFFERS
+    blobs: Sequence[bytes], shared: bool = False, buffers: int = DEFAULT_BUFFERS
 ) -> list[Any]:
     """Copy ``blobs`` into one flat ``uint8`` tensor and return views into it, one per blob.
 
@@ -71,7 +70,8 @@ def pack_bytes(
 
     Args:
         blobs: Encoded images (any bytes-like objects).
-        shared: Put the buffer in shared memory; by default only inside DataLoader workers.
+        shared: Put the buffer in shared memory (inside DataLoader workers: the caller knows
+            where it runs, from :class:`~shardstream.streaming.control.context.Context`).
         buffers: Reusable shared-memory buffers a worker keeps (0: a new segment per batch).
 
     Example:
@@ -80,7 +80,6 @@ def pack_bytes(
     """
     import torch
 
-    shared = in_worker() if shared is None else shared
     if not shared and all(writable_bytes(blob) for blob in blobs):
         # Nothing crosses a process: wrap the reader's own buffers, no copy.
         return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
@@ -93,19 +92,15 @@ def pack_bytes(
 
 
 def stack_or_list(
-    values: Sequence[Any],
-    pack: bool = False,
-    buffers: int = DEFAULT_BUFFERS,
-    shared: bool | None = None,
+    values: Sequence[Any], pack: bool = False, buffers: int = DEFAULT_BUFFERS, shared: bool = False
 ) -> Any:
-    """Stack tensors of equal shape into one tensor (shared memory in workers); else a list.
+    """Stack tensors of equal shape into one tensor (shared memory if ``shared``); else a list.
 
-    With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat shared buffer.
-    ``shared`` and ``buffers`` are as in :func:`pack_bytes`.
+    With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat buffer.
+    ``buffers`` and ``shared`` are as in :func:`pack_bytes`.
     """
     import torch
 
-    shared = in_worker() if shared is None else shared
     first = values[0] if values else None
     if (
         pack
@@ -123,12 +118,14 @@ def stack_or_list(
 
 
 def collate_pairs(
-    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS
+    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
 ) -> tuple[Any, Any]:
-    """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor."""
+    """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor.
+
+    ``shared``: in a DataLoader worker (images to shared memory, labels inlined).
+    """
     import torch
 
-    shared = in_worker()  # once per batch
     images = stack_or_list([image for image, _ in pairs], True, buffers, shared)
     labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
     if shared:
@@ -137,15 +134,15 @@ def collate_pairs(
 
 
 def collate_dicts(
-    samples: Sequence[dict[str, Any]], buffers: int = DEFAULT_BUFFERS
+    samples: Sequence[dict[str, Any]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
 ) -> dict[str, Any]:
     """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked).
 
     Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes.
+    ``shared`` is as in :func:`collate_pairs`.
     """
     import torch
 
-    shared = in_worker()  # once per batch, not per field
     keys = list(samples[0]) if samples else []
     batch: dict[str, Any] = {}
     for key in keys:

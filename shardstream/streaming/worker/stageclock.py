@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardstream.streaming.worker.channel import MAX_WORKERS
+from shardstream.streaming.control.channel import MAX_WORKERS
 
 __all__ = ["FIELDS", "STAGES", "StageClock", "StatsBoard"]
 

@@ -1,5 +1,6 @@
 """Resume states: one codec for the loader's state, the dataset's per-worker state and the
 directive the loader posts to its workers; and what may change between a save and a restart.
+:func:`encode_state` is the one place a state dict is built.
 
 Each is a small dict of plain values (safe under ``torch.load(weights_only=True)``; no list
 grows with the samples), the same on every rank, so a checkpoint written by rank 0 alone
@@ -36,11 +37,18 @@ from shardstream.streaming.planning.split import Layout
 __all__ = [
     "STATE_VERSION",
     "PassState",
+    "VersionNumber",
+    "WorkerPosition",
     "check_fingerprint",
     "check_layout",
     "check_version",
+    "encode_state",
+    "layout_from_dict",
     "version_number",
 ]
+
+#: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
+VersionNumber = int | tuple[int, ...] | None
 
 #: 4: the epoch read in chunks (``chunk_size`` in the fingerprint, shardstream 0.3).
 #: 3: windows in closed form and plan layouts (shardstream 0.2): read as version 4 with
@@ -61,14 +69,14 @@ class PassState:
         consumed: Steps consumed in the current pass (by the rank; for a worker's state, the
             steps it served).
         dataset_version: The version of a growing dataset the epoch reads (None: the version
-            the dataset opened; see :mod:`shardstream.streaming.versions`).
+            the dataset opened; see :mod:`shardstream.streaming.control.versions`).
     """
 
     epoch: int
     history: tuple[PassRecord, ...] = ()
     plan: Layout | None = None
     consumed: int = 0
-    dataset_version: int | tuple[int, ...] | None = None
+    dataset_version: VersionNumber = None
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values."""
@@ -107,7 +115,50 @@ class PassState:
             ) from error
 
 
-def version_number(value: Any) -> int | tuple[int, ...] | None:
+@dataclasses.dataclass(frozen=True)
+class WorkerPosition:
+    """Where one process stands in its pass: what a dataset's per-worker state adds.
+
+    Attributes:
+        start: The step the loader's pass started at.
+        role: Which turn of the loader's workers this process plays.
+        served: Steps this process has served in the pass.
+        token: The pass's id, the same in every worker of the rank.
+        worker: The DataLoader worker that saved it.
+    """
+
+    start: int
+    role: int
+    served: int
+    token: int
+    worker: int
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain values."""
+        return dataclasses.asdict(self)
+
+
+def encode_state(
+    state: PassState,
+    layout: Layout,
+    fingerprint: dict[str, Any],
+    worker: WorkerPosition | None = None,
+) -> dict[str, Any]:
+    """A state dict: the loader's, or with ``worker`` a dataset's per-worker one.
+
+    The one place either is built; :meth:`PassState.from_dict`, :func:`layout_from_dict` and
+    the checks below read them.
+    """
+    return {
+        "version": STATE_VERSION,
+        **state.as_dict(),
+        **(worker.as_dict() if worker is not None else {}),
+        **layout.as_dict(),
+        "fingerprint": fingerprint,
+    }
+
+
+def version_number(value: Any) -> VersionNumber:
     """A dataset version from a state's plain values (a mixture's: its streams', as a list)."""
     if value is None:
         return None

@@ -1,7 +1,8 @@
 """Where this process sits: rank, world size, DataLoader worker. The only reader of that state.
 
-Everything else in :mod:`shardstream.streaming` takes these numbers as arguments, so it can be
-tested without processes.
+:func:`current_context` is the one function in shardstream that reads ``torch.distributed`` and
+``get_worker_info()``; everything else takes a :class:`Context` (or its numbers) as arguments, so
+it can be tested without processes.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import dataclasses
 
 from shardstream.errors import ConfigError
 
-__all__ = ["Context", "current_context", "in_worker"]
+__all__ = ["Context", "current_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,12 +23,14 @@ class Context:
         world_size: Number of training processes.
         worker: DataLoader worker id, 0 in the main process.
         num_workers: DataLoader workers per rank, 1 when loading in the main process.
+        in_worker: Inside a DataLoader worker process (batches then go to shared memory).
     """
 
     rank: int = 0
     world_size: int = 1
     worker: int = 0
     num_workers: int = 1
+    in_worker: bool = False
 
 
 def current_context(rank: int | None = None, world_size: int | None = None) -> Context:
@@ -59,11 +62,5 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
     info = torch.utils.data.get_worker_info()
     if info is None:
         return Context(rank, world_size)
-    return Context(rank, world_size, info.id, info.num_workers)
+    return Context(rank, world_size, info.id, info.num_workers, in_worker=True)
 
-
-def in_worker() -> bool:
-    """True inside a DataLoader worker process (where batches should go to shared memory)."""
-    import torch.utils.data
-
-    return torch.utils.data.get_worker_info() is not None

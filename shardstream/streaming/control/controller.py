@@ -1,0 +1,122 @@
+"""One dataset's pass control in one process: ranks, the next pass, and the worker's state.
+
+A :class:`~shardstream.streaming.StreamingDataset` holds one :class:`PassControl`; DataLoader
+workers get a copy with the dataset (its channel is shared memory, so every copy sees the
+same pinned epoch and directives). It reads rank and world size in the training process
+(DataLoader workers do not see ``torch.distributed``) and hands them to the workers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardstream.streaming.control.context import Context, current_context
+from shardstream.streaming.control.inputs import PassInputs
+from shardstream.streaming.control.passes import WorkerPass, start_pass
+from shardstream.streaming.control.run import WorkerJob
+from shardstream.streaming.control.state import PassState, WorkerPosition, encode_state
+from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.planning.split import Layout, samples_per_rank
+from shardstream.streaming.worker.stageclock import StatsBoard
+
+__all__ = ["PassControl"]
+
+
+class PassControl:
+    """Which pass this process reads next, and its state for the ``Stateful`` protocol.
+
+    Args:
+        inputs: What pass control needs of the dataset.
+    """
+
+    def __init__(self, inputs: PassInputs) -> None:
+        self.inputs = inputs
+        self._ranks = self._read_ranks()
+        self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
+        self._running: WorkerPass | None = None  # the pass under way in this process
+
+    # -- epochs and ranks ---------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch pinned by :meth:`pin` (0 before any call)."""
+        return self.inputs.channel.pinned
+
+    def pin(self, epoch: int) -> None:
+        """Read ``epoch`` in every process's next pass; read rank and world size again."""
+        self.inputs.channel.pin(epoch)
+        self._ranks = self._read_ranks()
+
+    def _read_ranks(self) -> tuple[int, int]:
+        options = self.inputs.settings.options
+        context = current_context(options.rank, options.world_size)
+        return context.rank, context.world_size
+
+    def context(self) -> Context:
+        """Rank, world size (as seen by the training process) and the current worker."""
+        return current_context(*self._ranks)
+
+    def layout(self, num_workers: int | None = None) -> Layout:
+        """This rank's layout: world size, workers (default: the current ones), batch size."""
+        return self.inputs.layout(self.context(), num_workers)
+
+    # -- sizes --------------------------------------------------------------------------------
+
+    def samples_per_rank(self, context: Context | None = None) -> int:
+        """Samples each rank yields per epoch (requires counts)."""
+        context = context or self.context()
+        policy = self.inputs.settings.policy
+        return samples_per_rank(self.inputs.epoch_samples(), context.world_size, policy)
+
+    def epoch_steps(self) -> int:
+        """Steps (batches, or samples) per rank in a fresh epoch at the current layout."""
+        layout = self.inputs.settings.plan_layout(self.layout())
+        return self.inputs.opened.passes.shape(self.inputs.epoch_samples(), layout).steps
+
+    # -- passes and the Stateful protocol -----------------------------------------------------
+
+    def next_job(self, convert: SampleConverter, board: StatsBoard | None) -> WorkerJob:
+        """Start this process's next pass: what it reads, ready for :func:`.run.run_pass`."""
+        context = self.context()
+        pending, self._pending = self._pending, None
+        running = start_pass(self.inputs, context, pending)
+        self._running = running
+        inputs = self.inputs
+        return WorkerJob(
+            running=running,
+            context=context,
+            shards=inputs.versions.get(running.state.dataset_version).shards,
+            settings=inputs.settings,
+            tag_streams=inputs.opened.mixture is not None,
+            convert=convert,
+            board=board,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: epoch, earlier passes, steps it served in this pass."""
+        context = self.context()
+        running = self._running
+        if running is None:
+            state = PassState(self.epoch)
+            position = WorkerPosition(0, context.worker, 0, 0, context.worker)
+        else:
+            state, position = running.state, running.position(context.worker)
+        layout = self.layout(context.num_workers)
+        fingerprint = self.inputs.fingerprint(state.dataset_version)
+        return encode_state(state, layout, fingerprint, position)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make this process's next pass continue from :meth:`state_dict`.
+
+        Raises:
+            ConfigError: As :meth:`.inputs.PassInputs.check_state`, for the same world size
+                and worker count.
+        """
+        context = self.context()
+        number = self.inputs.check_state(
+            state, self.layout(context.num_workers), elastic=False, allow_new_batch_size=False
+        )
+        self._pending = {**state, "dataset_version": number}
+        # Should this pass be thrown away (a loader that finished its epoch starts afresh),
+        # the next fresh pass of this worker still moves on to the following epoch.
+        self.inputs.channel.restored(context.worker, context.num_workers, int(state["epoch"]))

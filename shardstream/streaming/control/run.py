@@ -1,0 +1,91 @@
+"""What one process runs for a pass: its reader, batcher and clock, then the worker loop.
+
+:class:`WorkerJob` is everything a pass needs, made by
+:meth:`~.controller.PassControl.next_job`; :func:`run_pass` wires it to the worker loops
+(:func:`~shardstream.streaming.worker.pipeline.run_steps` with counts,
+:func:`~shardstream.streaming.worker.wholeshardpass.run_whole_shards` without).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from shardstream.catalog.shardlist import ShardList
+from shardstream.streaming.control.context import Context
+from shardstream.streaming.control.passes import WorkerPass
+from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.planning.schedule import plan_ranks
+from shardstream.streaming.planning.wholeshardplan import plan_whole_shards
+from shardstream.streaming.settings import Settings
+from shardstream.streaming.worker import batch as batching
+from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
+from shardstream.streaming.worker.reader import ShardReader
+from shardstream.streaming.worker.stageclock import StageClock, StatsBoard
+from shardstream.streaming.worker.wholeshardpass import run_whole_shards
+
+__all__ = ["WorkerJob", "run_pass"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerJob:
+    """One process's pass and what it reads it with.
+
+    Attributes:
+        running: The pass (its plan, start, turn and counters).
+        context: Where this process sits (read once per pass).
+        shards: The shards of the version the pass reads.
+        settings: The dataset's settings.
+        tag_streams: Tag samples with their stream (a mixture).
+        convert: Decodes and transforms one sample (the dataset's; copied per pass).
+        board: The statistics table, or None when statistics are off.
+    """
+
+    running: WorkerPass
+    context: Context
+    shards: ShardList
+    settings: Settings
+    tag_streams: bool
+    convert: SampleConverter
+    board: StatsBoard | None
+
+
+def run_pass(job: WorkerJob) -> Iterator[Any]:
+    """The batches (or samples) this process yields in ``job``'s pass."""
+    running, context, settings = job.running, job.context, job.settings
+    stats = running.stats
+    reader = ShardReader(job.shards, settings.read(job.tag_streams), stats)
+    batcher = _batcher(job)
+    if running.plan is None:  # no manifest: whole shards
+        whole = plan_whole_shards(
+            len(job.shards), settings.seed, settings.shuffle, running.state.epoch,
+            rank=context.rank, world_size=context.world_size, role=context.worker,
+            num_workers=context.num_workers, skip=running.start,
+        )  # fmt: skip
+        return run_whole_shards(
+            whole, reader, batcher, stats, settings.open_shards,
+            settings.options.shuffle_buffer, settings.shuffle,
+        )  # fmt: skip
+    ranks = plan_ranks(running.plan.layout.world_size, context.world_size, context.rank)
+    first = running.start + running.role + stats.batches * context.num_workers
+    job_steps = StepJob(running.plan, ranks, first, context.num_workers)
+    return run_steps(job_steps, reader, batcher, stats)
+
+
+def _batcher(job: WorkerJob) -> Batcher:
+    """The pass's batcher: the converter and collate with this process's clock and memory."""
+    options = job.settings.options
+    collate = functools.partial(
+        batching.collate_pairs if options.output == "pair" else batching.collate_dicts,
+        buffers=options.batch_buffers,
+        shared=job.context.in_worker,  # read once per pass, not per batch
+    )
+    clock = None
+    if job.board is not None:
+        clock = StageClock(job.board.row(job.context.worker if job.context.in_worker else None))
+    convert = copy.copy(job.convert)  # the clock is this pass's; the dataset's stays unset
+    convert.clock = clock
+    return Batcher(convert, job.settings.batch_size, collate, job.settings.on_error, clock)
