@@ -125,3 +125,33 @@ def test_dataset_state_refuses_another_world_size(tmp_path: pathlib.Path) -> Non
     )
     with pytest.raises(ConfigError, match=r"world_size was 1 .* 2 now.*StreamingDataLoader"):
         two.load_state_dict(state)
+
+
+
+@pytest.mark.parametrize("loader_args", WORKERS)
+def test_shards_without_a_manifest_resume_where_they_stopped(
+    tmp_path: pathlib.Path, loader_args: dict
+) -> None:
+    """Without counts a worker's turn is known only while every worker still yields, so the
+    resume is exact from any point of the first half of an epoch (and, without workers, from
+    any point): the rest of the epoch, then the next epoch."""
+    root, manifest = make_dataset(tmp_path, 45, 7)
+    pattern = str(root / f"shard-{{000000..{len(manifest.shards) - 1:06d}}}.tar")
+
+    def make() -> StreamingDataLoader:
+        dataset = StreamingDataset(pattern, seed=5, batch_size=3, options=OPTIONS)
+        return StreamingDataLoader(dataset, **loader_args)
+
+    loader = make()
+    epochs = [[_batch_keys(batch) for batch in loader] for _ in range(2)]
+    last = len(epochs[0]) if loader_args["num_workers"] == 0 else len(epochs[0]) // 2
+    for point in (1, last // 2, last - 1):
+        loader = make()
+        iterator = iter(loader)
+        head = [_batch_keys(next(iterator)) for _ in range(point)]
+        state = loader.state_dict()
+        del iterator
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert head + [_batch_keys(batch) for batch in resumed] == epochs[0], point
+        assert [_batch_keys(batch) for batch in resumed] == epochs[1], point

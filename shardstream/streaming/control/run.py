@@ -62,8 +62,8 @@ def run_pass(job: WorkerJob) -> Iterator[Any]:
     if running.plan is None:  # no manifest: whole shards
         whole = plan_whole_shards(
             len(job.shards), settings.seed, settings.shuffle, running.state.epoch,
-            rank=context.rank, world_size=context.world_size, role=context.worker,
-            num_workers=context.num_workers, skip=running.start,
+            rank=context.rank, world_size=context.world_size, role=running.role,
+            num_workers=context.num_workers, skip=stats.batches,  # what the role yielded
         )  # fmt: skip
         return run_whole_shards(
             whole, reader, batcher, stats, settings.open_shards,
