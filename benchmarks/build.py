@@ -1,8 +1,11 @@
-"""Shard-building benchmark: shardstream vs webdataset.ShardWriter vs GNU tar, plus scaling.
+"""Shard-building benchmark: shardstream vs mosaic-streaming's MDSWriter, webdataset's
+ShardWriter and GNU tar, plus scaling.
 
 Builds one ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) with
-shardstream (1 and 2 workers), ``webdataset.ShardWriter`` and ``tar cf`` (the raw packing
-limit), then scans + builds a tree of many tiny files (default 1,000,000) for time and peak RSS.
+shardstream (1 and 2 workers), ``streaming.MDSWriter`` (one process, as its docs write: the
+``jpeg`` bytes and an ``int`` label per sample; the row is left out when mosaicml-streaming is
+not installed), ``webdataset.ShardWriter`` and ``tar cf`` (the raw packing limit), then scans +
+builds a tree of many tiny files (default 1,000,000) for time and peak RSS.
 Every row runs in a fresh child process so that its peak RSS is its own; the tree is read once
 beforehand so that every row reads from the page cache. Prints a markdown table.
 
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _data import DATA_ROOT, imagenet_like, tiny_tree
 
-ROWS = ("tar", "webdataset", "shardstream-1", "shardstream-2")
+ROWS = ("tar", "webdataset", "mosaic", "shardstream-1", "shardstream-2")
 
 
 def run_row(row: str, root: Path, out: Path) -> dict:
@@ -35,6 +38,8 @@ def run_row(row: str, root: Path, out: Path) -> dict:
         subprocess.run(["tar", "cf", str(out / "all.tar"), "-C", str(root), "."], check=True)
     elif row == "webdataset":
         _webdataset_writer(root, out)
+    elif row == "mosaic":
+        _mosaic_writer(root, out)
     else:
         from shardstream import build_shards
 
@@ -57,6 +62,26 @@ def _webdataset_writer(root: Path, out: Path) -> None:
                     path = Path(folder) / file
                     key = str(path.relative_to(root).with_suffix(""))
                     sink.write({"__key__": key, "jpg": path.read_bytes(), "cls": label})
+
+
+def _mosaic_writer(root: Path, out: Path) -> None:
+    from streaming import MDSWriter
+
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    columns = {"jpg": "bytes", "cls": "int"}
+    with MDSWriter(out=str(out / "mds"), columns=columns, size_limit=256 * 10**6) as writer:
+        for label, name in enumerate(classes):
+            for folder, _, files in sorted(os.walk(root / name)):
+                for file in sorted(files):
+                    writer.write({"jpg": (Path(folder) / file).read_bytes(), "cls": label})
+
+
+def _has_mosaic() -> bool:
+    try:
+        import streaming  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _child(row: str, root: Path, out: Path) -> dict:
@@ -104,7 +129,8 @@ def main() -> None:
     root = imagenet_like(args.num_images, args.num_classes)
     count, size = _tree_stats(root)
     _warm(root)
-    results = {row: _child(row, root, out) for row in args.rows.split(",") if row}
+    rows = [row for row in args.rows.split(",") if row and (row != "mosaic" or _has_mosaic())]
+    results = {row: _child(row, root, out) for row in rows}
     _print_table(results, count, size)
     if not args.skip_scaling:
         tiny = tiny_tree(args.tiny_files)
@@ -118,13 +144,16 @@ def main() -> None:
 def _print_table(results: dict, count: int, size: int) -> None:
     tar = results.get("tar", {}).get("seconds")
     wds = results.get("webdataset", {}).get("seconds")
+    mds = results.get("mosaic", {}).get("seconds")
     print(f"{count:,} images, {size / 1e6:,.0f} MB, {os.cpu_count()} CPUs\n")
-    print("| writer | time (s) | images/s | MB/s | vs tar | vs ShardWriter | peak RSS (MB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| writer | time (s) | images/s | MB/s | vs tar | vs ShardWriter | vs MDSWriter | "
+          "peak RSS (MB) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row, result in results.items():
         seconds = result["seconds"]
         ratio_tar = f"{tar / seconds:.2f}x" if tar else "-"
         ratio_wds = f"{wds / seconds:.2f}x" if wds else "-"
+        ratio_wds += f" | {mds / seconds:.2f}x" if mds else " | -"
         rss = max(result["rss_mb"], result["child_rss_mb"]) if row != "tar" else result[
             "child_rss_mb"]
         print(f"| {row} | {seconds:.2f} | {count / seconds:,.0f} | {size / 1e6 / seconds:,.0f} | "

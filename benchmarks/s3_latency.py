@@ -23,7 +23,7 @@ under 30 ms; first batch <= 1 s under 30 ms; client CPU <= 1.2x the plain loop; 
 30 ms <= 1.2x the build at 0 ms.
 
 Usage: ``python benchmarks/s3_latency.py [--images 20000] [--small 60000] [--delays 0 30 100]
-[--epochs 2] [--server radosgw|moto]``
+[--epochs 2] [--server radosgw|moto] [--rows jpeg-raw small-raw jpeg-train]``
 """
 
 from __future__ import annotations
@@ -154,6 +154,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                           for name, url in datasets.items()}  # fmt: skip
         found["samples"] = {"jpeg": args.images, "small": args.small}
         for name, mode in (("jpeg", "raw"), ("small", "raw"), ("jpeg", "train")):
+            if f"{name}-{mode}" not in args.rows:
+                continue
             delays = args.delays if mode == "raw" else [d for d in args.delays if d <= 30]
             rows = {
                 delay: Row(loader_for(datasets[name], mode, args.workers,
@@ -164,7 +166,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             found["rows"][(name, mode)] = {delay: _summary(row) for delay, row in rows.items()}
             del rows
         for delay, threads in ((0, 4), (30, 16), (100, 48)):
-            if delay in args.delays:
+            if delay in args.delays and "jpeg-raw" in args.rows:
                 cost = plain_loop(info, proxies[delay].endpoint_url, "build-0/", threads)
                 found["plain"][delay] = (threads, cost)
     return found
@@ -222,6 +224,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server", choices=["radosgw", "moto"], default="radosgw")
+    parser.add_argument("--rows", nargs="+", default=["jpeg-raw", "small-raw", "jpeg-train"])
     args = parser.parse_args()
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")

@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
-from shardstream.storage.latency import LatencyGauge
+from shardstream.storage.latency import LatencyGauge, TimedSource
+from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.ranged import Chunk
+from shardstream.storage.ranged import Chunk, ChunkFetcher
+from shardstream.storage.retry import Retrier
 
-__all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "shared_pool"]
+__all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "pool_for", "shared_pool", "span_fetch"]
 
 #: A pool thread with no work for this long exits (a later submit starts a new one).
 _IDLE_EXIT_S = 10.0
@@ -241,3 +245,31 @@ class SpanPrefetcher:
         self._closed = True
         self._stop.set()
         self._drop()
+
+
+def pool_for(options: ReadOptions) -> FetchPool:
+    """This process's pool, with ``options``' bounds on requests in flight."""
+    return shared_pool(options.max_requests, options.min_requests)
+
+
+def span_fetch(source: Any, retrier: Retrier, gauge: LatencyGauge) -> Any:
+    """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read; a
+    span fetched by one GET tells ``gauge`` its first-byte and transfer times."""
+
+    def fetch(first: int, stop: int) -> Chunk:
+        own = Retrier(
+            retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
+            retrier.max_backoff_s, retrier.secrets, retrier.stop,
+        )  # fmt: skip
+        span = stop - first
+        timed = TimedSource(source)
+        started = time.monotonic()
+        fetcher = ChunkFetcher(timed, stop, span, own, span, span, first, stop)
+        parts = []
+        while (chunk := fetcher.next_chunk()) is not None:
+            parts.append(chunk)
+        if timed.num_opens == 1:  # retried spans say nothing about the store's latency
+            gauge.record(timed.first_byte_s, time.monotonic() - started - timed.first_byte_s)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    return fetch

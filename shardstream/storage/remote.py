@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any, cast
 
 import fsspec
 
 from shardstream.storage import hints
+from shardstream.storage.bounded import BoundedFile
 from shardstream.storage.cache import ShardCache
-from shardstream.storage.latency import LatencyGauge, TimedSource
 from shardstream.storage.options import ReadOptions
-from shardstream.storage.prefetch import FetchPool, SpanPrefetcher, shared_pool
-from shardstream.storage.ranged import BoundedFile, Chunk, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.prefetch import SpanPrefetcher, pool_for, span_fetch
+from shardstream.storage.ranged import Chunk, ChunkFetcher, ChunkSource, RemoteStream
 from shardstream.storage.readahead import ReadAhead
 from shardstream.storage.retry import Retrier
 from shardstream.storage.s3source import S3Source
@@ -256,9 +255,9 @@ def _open_ahead(
         secrets, stop,
     )  # fmt: skip
     source = _s3_source(fs, path, options)
-    pool = _pool_for(options)
+    pool = pool_for(options)
     chunks = SpanPrefetcher(
-        _span_fetch(source, retrier, pool.gauge), start, end,
+        span_fetch(source, retrier, pool.gauge), start, end,
         _chunk_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
         first_span_bytes=_ANNOUNCED_FIRST_SPAN_BYTES,
     )  # fmt: skip
@@ -302,38 +301,11 @@ def _stream_range(
     total = fetcher.size if fetcher.size is not None else start
     chunks: ChunkSource = fetcher
     if spans and total > fetcher.offset:
-        pool = _pool_for(options)
+        pool = pool_for(options)
         chunks = SpanPrefetcher(
-            _span_fetch(source, retrier, pool.gauge), fetcher.offset, total, chunk_bytes,
+            span_fetch(source, retrier, pool.gauge), fetcher.offset, total, chunk_bytes,
             options.read_ahead_bytes, pool, retrier.stop,
         )  # fmt: skip
     elif options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
         chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
     return cast(IO[bytes], RemoteStream(chunks, shown, total, start, head))
-
-
-def _pool_for(options: ReadOptions) -> FetchPool:
-    return shared_pool(options.max_requests, options.min_requests)
-
-
-def _span_fetch(source: Any, retrier: Retrier, gauge: LatencyGauge) -> Any:
-    """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read; a
-    span fetched by one GET tells ``gauge`` its first-byte and transfer times."""
-
-    def fetch(first: int, stop: int) -> Chunk:
-        own = Retrier(
-            retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
-            retrier.max_backoff_s, retrier.secrets, retrier.stop,
-        )  # fmt: skip
-        span = stop - first
-        timed = TimedSource(source)
-        started = time.monotonic()
-        fetcher = ChunkFetcher(timed, stop, span, own, span, span, first, stop)
-        parts = []
-        while (chunk := fetcher.next_chunk()) is not None:
-            parts.append(chunk)
-        if timed.num_opens == 1:  # retried spans say nothing about the store's latency
-            gauge.record(timed.first_byte_s, time.monotonic() - started - timed.first_byte_s)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    return fetch

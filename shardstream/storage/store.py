@@ -1,9 +1,8 @@
 """Store: a folder on local disk or any fsspec URL prefix, resolved once.
 
 Everything in shardstream that reads or writes storage holds a :class:`Store` and names files
-relative to its root. The filesystem is resolved on first use in each process, so a store can
-be pickled to DataLoader workers or executor tasks (it travels as its URL and options) and
-reopens there.
+relative to its root. The filesystem is resolved on first use in each process, so a store
+pickles to DataLoader workers or tasks (as its URL and options) and reopens there.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
 from shardstream.storage import files
+from shardstream.storage.bounded import BoundedFile
 from shardstream.storage.limits import too_many_open_files
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
-from shardstream.storage.ranged import BoundedFile
 from shardstream.storage.redact import redact_url, secret_values
 
 __all__ = ["Store", "as_store", "is_local_url"]
@@ -45,11 +44,9 @@ class Store:
     """
 
     def __init__(
-        self,
-        root: str | os.PathLike[str],
-        storage_options: StorageOptions = None,
+        self, root: str | os.PathLike[str], storage_options: StorageOptions = None,
         read_options: ReadOptions | None = None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.root = os.fspath(root)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.read_options = read_options or ReadOptions()

@@ -16,7 +16,8 @@ import warnings
 import pytest
 
 from shardstream.errors import StorageError
-from shardstream.storage.ranged import BoundedFile, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.bounded import BoundedFile
+from shardstream.storage.ranged import ChunkFetcher, ChunkSource, RemoteStream
 from shardstream.storage.readahead import ReadAhead
 from shardstream.storage.retry import Retrier
 from tests.storage.fakes import FakeObject, Fault, random_bytes
