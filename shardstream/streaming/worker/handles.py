@@ -57,7 +57,8 @@ class IndexCache:
         """This process's cache for ``store`` (kept across epochs: a persistent DataLoader
         worker loads each index once), holding at least ``max_shards`` indexes."""
         caches = _shared_caches.get()
-        key = store.url("")
+        # The same URL on another endpoint is another dataset: the options are part of the key.
+        key = (store.url(""), repr(sorted(store.storage_options.items())))
         cache = caches.get(key)
         if cache is None:
             cache = caches[key] = cls(store, max_shards)
@@ -116,7 +117,7 @@ def _index_end(num_samples: int | None) -> int:
     return min(_MAX_INDEX_BYTES + 1, 16 + 8 * (num_samples + 1) + 8 * num_samples)
 
 
-_shared_caches: ProcessLocal[dict[str, IndexCache]] = ProcessLocal(dict)
+_shared_caches: ProcessLocal[dict[tuple[str, str], IndexCache]] = ProcessLocal(dict)
 
 
 class OffsetIndex:
