@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import mmap
 import pathlib
 import warnings
@@ -138,3 +139,43 @@ def test_epochs_are_the_same_with_and_without_memory_maps(
     mapped = epoch(True)
     assert mapped == epoch(False)
     assert sum(len(labels) for _, labels in mapped) == 40
+
+
+def test_a_pooled_handle_maps_without_seeking_and_asks_the_length_once(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardstream.streaming.worker import handles
+
+    path, offsets = _shard(tmp_path)
+    pool = HandlePool(Store(path.parent), max_idle=4)
+    asked = []
+    real_fstat = handles.os.fstat
+    monkeypatch.setattr(handles.os, "fstat", lambda fd: asked.append(fd) or real_fstat(fd))
+    views = [pool.map(path.name, offsets[i], offsets[i + 1]) for i in range(len(offsets) - 1)]
+    data = path.read_bytes()
+    assert [bytes(v) for v in views] == [data[a:b] for a, b in itertools.pairwise(offsets)]
+    assert len(asked) == 1 and pool.num_idle == 1  # one handle, its length asked once
+    with pool.lend(path.name, offsets[2]) as stream:  # a reused handle is still positioned
+        assert stream.read(10) == data[offsets[2] : offsets[2] + 10]
+    assert pool.map(path.name, 0, len(data) + 1) is None  # past the end: read, never mapped
+    pool.close()
+    assert pool.num_idle == 0 and pool.map(path.name, 0, 512) is not None  # after close too
+
+
+def test_cached_ranges_skip_the_read_ahead_advice(tmp_path: pathlib.Path) -> None:
+    import os
+
+    from shardstream.format import tarfast
+
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(1 << 20))
+    path.read_bytes()  # now in the page cache
+    descriptor = os.open(path, os.O_RDONLY)
+    read_end, write_end = os.pipe()
+    try:
+        if hasattr(os, "RWF_NOWAIT"):  # Linux
+            assert tarfast._cached(descriptor, 4096, 1 << 19)
+        assert not tarfast._cached(read_end, 0, 100)  # cannot tell (a pipe): advise anyway
+    finally:
+        for fd in (descriptor, read_end, write_end):
+            os.close(fd)

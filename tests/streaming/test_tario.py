@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pathlib
 import random
@@ -231,3 +232,47 @@ def test_header_byte_sum_is_exact_for_any_block() -> None:
     blocks += [bytes(rng.choice(edges) for _ in range(512)) for _ in range(500)]
     for block in blocks:
         assert byte_sum(block) == sum(block)
+
+
+def _headers_of_every_style() -> list[bytes]:
+    """Header blocks as tarfile (ustar, GNU, PAX) and this library write them, short and long
+    names, directories and links among them."""
+    from shardstream.format.tarheader import member_header
+
+    blocks = [member_header(name, size) for name, size in
+              [("a.jpg", 0), ("k/x.cls", 3), ("n" * 96 + ".jpg", 8**11 - 1), ("é.jpg", 5)]]
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        for name, kind in [("x.jpg", tarfile.REGTYPE), ("d/", tarfile.DIRTYPE),
+                           ("l.jpg", tarfile.SYMTYPE), ("p" * 120 + "/y.jpg", tarfile.REGTYPE)]:
+            info = tarfile.TarInfo(name)
+            info.type, info.size, info.mtime = kind, 12345 if kind == tarfile.REGTYPE else 0, 7
+            with contextlib.suppress(ValueError):  # ustar refuses long names
+                blocks.append(info.tobuf(format=fmt))
+    return [block[start : start + 512] for block in blocks for start in range(0, len(block), 512)]
+
+
+def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
+    """Whatever the shortcut accepts, the careful parse reads the same way; flipped bytes in a
+    header make the shortcut refuse it (the careful path then reports it)."""
+    from shardstream.format.tarfast import _plain_header
+    from shardstream.format.tarheader import check_header, header_name
+
+    rng = random.Random(3)
+    blocks = _headers_of_every_style()
+    damaged = []
+    for block in blocks:
+        for _ in range(40):
+            spot = rng.randrange(512)
+            damaged.append(block[:spot] + bytes([block[spot] ^ (1 << rng.randrange(8))])
+                           + block[spot + 1 :])
+    accepted = 0
+    for block in blocks + damaged:
+        quick = _plain_header(block)
+        if quick is None:
+            continue
+        accepted += 1
+        size, kind = check_header(block, "x.tar", 0)  # raises if the shortcut let a bad one by
+        assert quick == (size, kind, header_name(block))
+    assert accepted >= len(blocks) // 3  # the usual headers do take the shortcut
+    # One flipped bit changes the byte sum or the stored checksum: the shortcut never takes it.
+    assert all(_plain_header(block) is None for block in damaged)

@@ -5,8 +5,8 @@ index (``shard-NNNNNN.idx``), the worker loads it once into a small :class:`Inde
 Shards without an index (made by other tools, not yet indexed) are walked from byte 0, and each
 walk records the offsets it passes in a bounded :class:`OffsetIndex`, so later pieces of that
 shard start closer. A :class:`HandlePool` keeps recently used local shard files open, so a piece
-costs a seek rather than an open (remote streams are never reused: their read-ahead is
-positional).
+costs a seek rather than an open, and a memory-mapped piece not even that (remote streams are
+never reused: their read-ahead is positional).
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import IO
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.shardindex import ShardIndex, decode_index
+from shardstream.format.tarfast import map_range
 from shardstream.storage import Store, is_local_url
 from shardstream.storage.batchread import read_ranges
 from shardstream.storage.processlocal import ProcessLocal
@@ -28,6 +30,8 @@ __all__ = ["HandlePool", "IndexCache", "OffsetIndex"]
 
 logger = logging.getLogger("shardstream.streaming")
 
+#: An idle handle: (shard, handle, file length or -1 when not asked yet).
+_Idle = tuple[str, IO[bytes], int]
 #: An index of 16M samples; real shards hold thousands.
 _MAX_INDEX_BYTES = 128 << 20
 
@@ -162,7 +166,7 @@ class HandlePool:
     def __init__(self, store: Store, max_idle: int = 64) -> None:
         self.store = store
         self._max_idle = max_idle
-        self._idle: collections.OrderedDict[int, tuple[str, IO[bytes]]] = collections.OrderedDict()
+        self._idle: collections.OrderedDict[int, _Idle] = collections.OrderedDict()
         self._by_name: dict[str, list[int]] = {}  # idle handles of each shard, newest last
         self._local: dict[str, bool] = {}
         self._closed = False
@@ -203,25 +207,52 @@ class HandlePool:
             else:
                 stream.close()
 
+    def map(self, name: str, begin: int, end: int) -> memoryview | None:
+        """Bytes ``[begin, end)`` of local shard ``name`` as a memory map, or None.
+
+        None when ``name`` is not a local file, the file is shorter than ``end`` (a map past
+        the end of a file faults), or the process is out of maps (see
+        :func:`~shardstream.format.tarfast.map_range`): read the bytes then. The handle's
+        length is asked once per open handle, and no seek is needed: a piece costs the map.
+        """
+        if not self.is_local(name):
+            return None
+        stream, length = self._take_idle(name)
+        try:
+            if length < 0:
+                try:
+                    length = os.fstat(stream.fileno()).st_size
+                except (OSError, ValueError):  # no descriptor (io.UnsupportedOperation is both)
+                    length = 0
+            return map_range(stream.fileno(), begin, end) if length >= end else None
+        finally:
+            if self._closed:
+                stream.close()
+            else:
+                self._give_back(name, stream, length)
+
     def _take(self, name: str, start: int) -> IO[bytes]:
+        stream, length = self._take_idle(name)
+        if start or length != -2:  # a new handle is at 0; a reused one anywhere
+            stream.seek(start)
+        return stream
+
+    def _take_idle(self, name: str) -> tuple[IO[bytes], int]:
+        """An idle handle of ``name`` (or a new one) and its known length (negative: not asked)."""
         slots = self._by_name.get(name)
         if slots:
             slot = slots.pop()
             if not slots:
                 del self._by_name[name]
-            _, stream = self._idle.pop(slot)
-            stream.seek(start)
-            return stream
-        stream = self.store.open_read(name)
-        if start:
-            stream.seek(start)
-        return stream
+            _, stream, length = self._idle.pop(slot)
+            return stream, length
+        return self.store.open_read(name), -2  # new: not asked, at byte 0
 
-    def _give_back(self, name: str, stream: IO[bytes]) -> None:
-        self._idle[id(stream)] = (name, stream)
+    def _give_back(self, name: str, stream: IO[bytes], length: int = -1) -> None:
+        self._idle[id(stream)] = (name, stream, length)
         self._by_name.setdefault(name, []).append(id(stream))
         while len(self._idle) > self._max_idle:
-            slot, (oldest_name, oldest) = self._idle.popitem(last=False)
+            slot, (oldest_name, oldest, _) = self._idle.popitem(last=False)
             slots = self._by_name[oldest_name]
             slots.remove(slot)
             if not slots:
@@ -235,7 +266,7 @@ class HandlePool:
         _close_idle(self._idle)
 
 
-def _close_idle(idle: collections.OrderedDict[int, tuple[str, IO[bytes]]]) -> None:
+def _close_idle(idle: collections.OrderedDict[int, _Idle]) -> None:
     while idle:
-        _, (_, stream) = idle.popitem(last=False)
+        _, (_, stream, _) = idle.popitem(last=False)
         stream.close()

@@ -11,7 +11,6 @@ process's map budget (:func:`~shardstream.format.tarfast.map_range`). Bytes of a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import IO, Any, cast
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.samples import iter_samples
-from shardstream.format.tarfast import map_range, parse_plain_sample
+from shardstream.format.tarfast import parse_plain_sample
 from shardstream.format.tarreader import Sample, TarReader
 from shardstream.streaming.worker.handles import HandlePool
 
@@ -91,26 +90,15 @@ class ShortPiece(Iterator[Sample]):
         """The piece's bytes (empty when they could not all be read: samples then go through
         the full reader, which reports what is wrong)."""
         begin, end = self._begin, int(self._offsets[self._stop])
+        if self._map and end - begin > COPY_MAX_BYTES:
+            view = self._pool.map(self._name, begin, end)
+            if view is not None:
+                return view
         with self._pool.lend(self._name, begin, end) as stream:
-            if self._map and end - begin > COPY_MAX_BYTES:
-                fileno = _usable_fileno(stream, end)
-                view = map_range(fileno, begin, end) if fileno is not None else None
-                if view is not None:
-                    return view
             buffer = np.empty(end - begin, np.uint8)  # not zeroed: readinto fills it
             if cast(Any, stream).readinto(buffer) == end - begin:
                 return memoryview(cast(Any, buffer))
         return memoryview(b"")
-
-
-def _usable_fileno(stream: IO[bytes], end: int) -> int | None:
-    """The descriptor of a local file at least ``end`` bytes long (mapping past the end of a
-    file would fault), or None."""
-    try:
-        fileno = stream.fileno()
-        return fileno if os.fstat(fileno).st_size >= end else None
-    except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is both)
-        return None
 
 
 def read_full_sample(
