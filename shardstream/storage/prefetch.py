@@ -107,6 +107,7 @@ class FetchPool:
         self.gauge = LatencyGauge()
         self._idle_exit_s = idle_exit_s
         self._jobs: collections.deque[SpanJob] = collections.deque()
+        self._first: collections.deque[SpanJob] = collections.deque()  # run before _jobs
         self._cond = threading.Condition()
         self._threads = 0
         self._idle = 0
@@ -121,33 +122,61 @@ class FetchPool:
         """Threads (GETs in flight) the measured latency asks for now."""
         return self.gauge.requests_in_flight(self.min_threads, self.max_threads)
 
-    def submit(self, job: SpanJob) -> None:
-        """Queue ``job``; start a thread if none is idle and the count asked for allows."""
-        with self._cond:
-            self._jobs.append(job)
-            self._cond.notify()
-            self._grow()
+    def submit(self, job: SpanJob, first: bool = False) -> None:
+        """Queue ``job``; start the pool's first thread if it has none (see
+        :meth:`_claim_starts` for the others).
 
-    def _grow(self) -> None:
-        """Start threads for queued jobs that no idle thread takes, up to the count asked for
-        (called with the lock held; after each job too, as measurements raise the count)."""
-        wanted = min(self.wanted_threads, self._threads + len(self._jobs) - self._idle)
-        while self._threads < wanted:
-            self._threads += 1
-            threading.Thread(target=self._work, name="shardstream-fetch", daemon=True).start()
+        ``first`` jobs (the opening span of an announced piece) run before every other queued
+        job: a batch draws its first samples from many pieces at once, so their openings are
+        what it waits for. With all GETs in flight sharing the store's bandwidth, a piece's
+        remaining spans queued ahead of the next piece's opening would delay it by their bytes.
+        """
+        with self._cond:
+            (self._first if first else self._jobs).append(job)
+            self._cond.notify()
+            starts = 0
+            if self._threads == 0:  # the first thread; it starts any more the count asks for
+                starts = self._threads = 1
+        self._start(starts)
+
+    def _claim_starts(self) -> int:
+        """Threads to start for queued jobs that no idle thread takes, up to the count asked
+        for (called with the lock held; after each job too, as measurements raise the count).
+
+        They are counted here and started by :meth:`_start` after the lock is released: a
+        thread's start waits until the new thread runs, which on a busy host takes
+        milliseconds. A submitter (the training loop's reader) starts only the first thread,
+        when there is none; pool threads start the rest as they take jobs, so the reader never
+        waits through dozens of starts when the measured latency asks for more requests.
+        """
+        queued = len(self._first) + len(self._jobs)
+        wanted = min(self.wanted_threads, self._threads + queued - self._idle)
+        starts = max(0, wanted - self._threads)
+        self._threads += starts
+        return starts
+
+    def _start(self, count: int) -> None:
+        for started in range(count):
+            try:
+                threading.Thread(target=self._work, name="shardstream-fetch", daemon=True).start()
+            except RuntimeError:  # out of threads: a job nobody started runs in its caller
+                with self._cond:
+                    self._threads -= count - started
+                return
 
     def _work(self) -> None:
         while True:
             with self._cond:
                 self._idle += 1
-                if not self._jobs:
+                if not self._first and not self._jobs:
                     self._cond.wait(self._idle_exit_s)
                 self._idle -= 1
-                if not self._jobs or self._threads > self.wanted_threads:
+                if (not self._first and not self._jobs) or self._threads > self.wanted_threads:
                     self._threads -= 1
                     return
-                job = self._jobs.popleft()
-                self._grow()
+                job = self._first.popleft() if self._first else self._jobs.popleft()
+                starts = self._claim_starts()
+            self._start(starts)
             job.run()
 
 
@@ -176,7 +205,8 @@ class SpanPrefetcher:
         pool: Runs the fetches.
         stop: Set on close (ends the retry waits of running fetches), cleared on a seek.
         first_span_bytes: Bytes of the first span (after the start or a seek), if shorter
-            than ``span_bytes``: the first bytes arrive sooner, the rest follows.
+            than ``span_bytes``: the first bytes arrive sooner, the rest follows. That span
+            also runs before the pool's other queued spans (``FetchPool.submit(first=True)``).
     """
 
     def __init__(
@@ -211,7 +241,7 @@ class SpanPrefetcher:
             stop = min(self._end, self._next + span)
             job = SpanJob(self._fetch, self._next, stop)
             self._jobs.append(job)
-            self._pool.submit(job)
+            self._pool.submit(job, first=bool(self._first_span_bytes) and self._next == self._first)
             queued += stop - self._next
             self._next = stop
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import threading
 from collections.abc import Sequence
@@ -136,6 +137,14 @@ def fatal_error(
     return StorageError(f"{url}: {action} failed with a non-retryable error: {cause}")
 
 
+#: The retry jitter's own generator (never the user's ``random`` stream, which seeded
+#: augmentations draw from), seeded apart in every process: reseeded in a forked child. One per
+#: request cost a ``urandom`` read, a GIL release, on every GET.
+_JITTER = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_JITTER.seed)
+
+
 class Retrier:
     """Counts failed tries of one request and sleeps between them.
 
@@ -169,7 +178,6 @@ class Retrier:
         self.stop = stop or threading.Event()
         self.failures = 0
         self.total_failures = 0
-        self._random = random.Random()
 
     def succeeded(self) -> None:
         """Record progress: the next failure starts a fresh series of tries."""
@@ -191,7 +199,7 @@ class Retrier:
                 "ReadOptions.max_attempts / timeout_s."
             ) from exc
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(self.failures - 1, 62))
-        delay *= 0.5 + 0.5 * self._random.random()  # jitter: workers must not retry in step
+        delay *= 0.5 + 0.5 * _JITTER.random()  # jitter: workers must not retry in step
         logger.warning(
             "%s: %s %s failed (attempt %d of %d, retrying in %.2fs): %s",
             self.url, self.action, where, self.failures, self.max_attempts, delay, cause,

@@ -66,3 +66,54 @@ def test_timed_source_counts_opens_and_passes_the_size_through() -> None:
     timed = TimedSource(_Source())
     assert timed.open_body(5, 10) == (5, 10)
     assert timed.num_opens == 1 and timed.first_byte_s >= 0 and timed.total_size == 1234
+
+
+def test_opening_spans_run_before_queued_rest_spans() -> None:
+    import threading
+
+    pool = FetchPool(1, min_threads=1)
+    gate, order = threading.Event(), []
+
+    def fetch(start: int, end: int) -> bytes:
+        if start == 0:
+            gate.wait(5)  # holds the only thread while the others queue
+        order.append(start)
+        return bytes(end - start)
+
+    blocker = SpanJob(fetch, 0, 1)
+    pool.submit(blocker)
+    while blocker._state != "running":
+        threading.Event().wait(0.001)
+    rest = [SpanJob(fetch, n, n + 1) for n in (10, 20)]
+    opening = SpanJob(fetch, 30, 31)
+    for job in rest:
+        pool.submit(job)
+    pool.submit(opening, first=True)
+    gate.set()
+    for job in [opening, *rest]:
+        job._done.wait(5)
+    assert order == [0, 30, 10, 20], "the opening span jumped the queue; the rest kept order"
+
+
+def test_the_submitter_starts_one_thread_and_pool_threads_start_the_rest() -> None:
+    import threading
+
+    pool = FetchPool(8, min_threads=8)
+    caller = threading.get_ident()
+    started_by_caller: list[int] = []
+    real_start = pool._start
+
+    def start(count: int) -> None:
+        if threading.get_ident() == caller:
+            started_by_caller.append(count)
+        real_start(count)
+
+    pool._start = start  # type: ignore[method-assign]
+    recorder = Recorder(delay_s=0.05)
+    jobs = [SpanJob(recorder, n * 100, (n + 1) * 100) for n in range(8)]
+    for job in jobs:
+        pool.submit(job)
+    for job in jobs:
+        job._done.wait(5)
+    assert sum(started_by_caller) == 1, "a thread start waits for the thread: not the reader's"
+    assert recorder.most_running >= 6, "yet the jobs ran side by side, as eight were asked for"

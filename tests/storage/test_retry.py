@@ -256,3 +256,31 @@ def test_secrets_never_reach_messages_or_logs(caplog: pytest.LogCaptureFixture) 
     with pytest.raises(PermissionError) as denied:
         recording_retrier().failed(PermissionError(f"denied for {SECRET}"), offset=0)
     assert SECRET not in str(denied.value) and URL in str(denied.value)
+
+
+def _jitter_draw(_: int) -> float:
+    from shardstream.storage import retry
+
+    return retry._JITTER.random()
+
+
+def test_retry_jitter_differs_per_forked_worker_and_leaves_the_users_random_alone() -> None:
+    """Forked DataLoader workers must not back off in step, and a retry must not move the
+    user's seeded ``random`` stream (augmentations draw from it)."""
+    import multiprocessing
+    import random
+
+    from shardstream.storage import retry
+
+    with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
+        draws = pool.map(_jitter_draw, range(4), chunksize=1)
+    assert len(set(draws)) == 4
+    random.seed(5)
+    expected = random.random()
+    random.seed(5)
+    retrier = retry.Retrier("s3://b/k", "reading", 3, 0.001, 0.002)
+    retrier.stop.set()  # no real sleep
+    with pytest.raises(StorageError):
+        for _ in range(3):
+            retrier.failed(OSError("reset"), 0)
+    assert random.random() == expected

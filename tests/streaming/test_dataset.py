@@ -131,3 +131,28 @@ def test_raw_fields_are_bytes_whatever_the_reader_holds(tmp_path: pathlib.Path) 
     assert [bytes(view.numpy()) for view in batch["image"]] == [
         tiny_jpeg(int(key[1:])) for key in batch["__key__"]
     ]
+
+
+def _freeze_count(_image: object) -> int:
+    import gc
+
+    return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_put_what_they_inherit_out_of_the_collectors_reach(
+    tmp_path: pathlib.Path, persistent: bool
+) -> None:
+    """A forked worker's first full collection would copy the parent's heap: workers freeze
+    what they hold at their first pass; the training process itself is left alone."""
+    import gc
+
+    root, _ = make_dataset(tmp_path, num_samples=24)
+    ds = StreamingDataset(root, decode="raw", transform=_freeze_count, batch_size=4)
+    before = gc.get_freeze_count()
+    loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+    for _ in range(2):
+        counts = [int(count) for images, _ in loader for count in images]
+        assert len(counts) == 24 and all(count > 0 for count in counts)
+    assert list(DataLoader(ds, batch_size=None, num_workers=0))  # no workers: not frozen
+    assert gc.get_freeze_count() == before
