@@ -16,7 +16,9 @@ the box hits them alike. "First batch" is the wait from asking an epoch's iterat
 batch: cold = the first epoch (workers starting), warm = later epochs (median). Client CPU is
 user+system time of this process and its workers per GB read (the proxy's is left out); the plain
 loop is boto3 ranged GETs of 2 MiB (shardstream's piece size on object stores) over the same
-shards from 2 processes, reading every byte, at a fixed concurrency (shown).
+shards from 2 processes, reading every byte, at a fixed concurrency (shown); "S3 path alone"
+reads the same ranges the same way through ``Store.open_read`` (the loader's S3 path without
+tar parsing, planning or batches).
 
 Targets (issue 30): raw >= 0.8x of 0 ms under 30 ms and >= 0.6x under 100 ms; train >= 0.95x
 under 30 ms; first batch <= 1 s under 30 ms; client CPU <= 1.2x the plain loop; a build under
@@ -131,6 +133,43 @@ def plain_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -
     return (cpu_seconds() - before) / (total / 1e9)
 
 
+def _store_gets(args: tuple[dict[str, Any], str, list[tuple[str, int, int]], int]) -> int:
+    from shardstream.storage import Store
+
+    options, root, ranges, threads = args
+    store = Store(root, options)
+
+    def get(item: tuple[str, int, int]) -> int:
+        key, start, end = item
+        with store.open_read(key.rsplit("/", 1)[-1], start, end) as stream:
+            total = 0
+            while chunk := stream.read(1 << 20):
+                total += len(chunk)
+            return total
+
+    with ThreadPoolExecutor(threads) as pool:
+        return sum(pool.map(get, ranges))
+
+
+def store_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -> float:
+    """Client CPU seconds per GB of the same ranges as :func:`plain_loop` read through
+    shardstream's S3 path alone (``Store.open_read``: presigned GETs, spans, retries, reused
+    buffers), same processes and threads; no tar parsing, planning or batches."""
+    s3 = boto3_client(info)
+    listing = s3.list_objects_v2(Bucket="bench", Prefix=prefix)["Contents"]
+    ranges = [(item["Key"], start, min(item["Size"], start + PIECE_BYTES))
+              for item in listing if item["Key"].endswith(".tar")
+              for start in range(0, item["Size"], PIECE_BYTES)]  # fmt: skip
+    random.Random(0).shuffle(ranges)
+    options, root = options_for(info, endpoint), f"s3://bench/{prefix.rstrip('/')}"
+    halves = [(options, root, ranges[0::2], threads), (options, root, ranges[1::2], threads)]
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_store_gets, [(options, root, ranges[:8], 1)] * 2))  # warm, as plain_loop
+        before = cpu_seconds()
+        total = sum(pool.map(_store_gets, halves))
+    return (cpu_seconds() - before) / (total / 1e9)
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     found: dict[str, Any] = {"build": {}, "rows": {}, "plain": {}}
     jpegs = imagenet_like(args.images, num_classes=max(1, args.images // 100))
@@ -168,7 +207,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for delay, threads in ((0, 4), (30, 16), (100, 48)):
             if delay in args.delays and "jpeg-raw" in args.rows:
                 cost = plain_loop(info, proxies[delay].endpoint_url, "build-0/", threads)
-                found["plain"][delay] = (threads, cost)
+                ours = store_loop(info, proxies[delay].endpoint_url, "build-0/", threads)
+                found["plain"][delay] = (threads, cost, ours)
     return found
 
 
@@ -189,8 +229,9 @@ def _dataset_bytes(url: str, options: dict[str, Any]) -> int:
 def table(args: argparse.Namespace, found: dict[str, Any]) -> str:
     lines = [
         "| dataset, mode | first-byte delay | samples/s | MB/s | vs 0 ms | first batch cold / "
-        "warm (s) | client CPU s/GB | plain GETs CPU s/GB (threads) | client/plain |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "warm (s) | client CPU s/GB | plain GETs CPU s/GB (threads) | client/plain "
+        "| S3 path alone CPU s/GB | S3 path/plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, mode), rows in found["rows"].items():
         sample_bytes = found["bytes"][name] / found["samples"][name]
@@ -203,11 +244,13 @@ def table(args: argparse.Namespace, found: dict[str, Any]) -> str:
                 f"| {name}, {mode} | {delay} ms | {row['rate']:,.0f} | {mbs:,.0f} | "
                 f"{row['rate'] / rows[0]['rate']:.2f}x | {row['cold']:.2f} / {row['warm']:.2f} | "
                 f"{cpu:.2f} | {f'{plain[1]:.2f} ({plain[0]})' if plain else ''} | "
-                f"{f'{cpu / plain[1]:.2f}x' if plain else ''} |"
+                f"{f'{cpu / plain[1]:.2f}x' if plain else ''} | "
+                f"{f'{plain[2]:.2f}' if plain else ''} | "
+                f"{f'{plain[2] / plain[1]:.2f}x' if plain else ''} |"
             )
     build = found["build"]
     lines.append(f"| jpeg, build ({args.workers} workers) | 0 ms / 30 ms | {build[0]:.1f} s / "
-                 f"{build[30]:.1f} s | | {build[0] / build[30]:.2f}x | | | | |")  # fmt: skip
+                 f"{build[30]:.1f} s | | {build[0] / build[30]:.2f}x | | | | | | |")  # fmt: skip
     head = (f"{args.images} JPEGs ({found['bytes']['jpeg'] / MB:,.0f} MB) and {args.small} small "
             f"samples ({found['bytes']['small'] / MB:,.0f} MB) in 64 MiB shards on "
             f"{args.server} behind benchmarks/latencyproxy.py; {args.workers} persistent workers, "
