@@ -37,18 +37,22 @@ class StreamCursor:
         self._runs: list[Iterator[Any] | None] = []
         self._next: list[int] = []  # per piece, the ordinal its open run yields next
         self._ahead: tuple[int, Window] | None = None  # the next window, built to announce it
+        self._position = 0  # where the last slice ended: a slice starting elsewhere jumped
 
     def read(self, start: int, stop: int) -> Iterator[Any]:
         """Samples at stream positions ``[start, stop)``, in order (``None`` for skipped ones)."""
         while start < stop:
             window = self._window
             if window is None or not window.start <= start < window.start + window.num_samples:
-                window = self._load(self._lanes.window_at(start))
+                window = self._load(self._lanes.window_at(start), start)
+            elif start != self._position and self._reader.remote:
+                self._announce(window, start - window.start)
             end = min(stop, window.start + window.num_samples)
+            self._position = -1  # until the slice is read whole
             yield from self._emit(window, start - window.start, end - window.start)
-            start = end
+            self._position = start = end
 
-    def _load(self, index: int) -> Window:
+    def _load(self, index: int, start: int) -> Window:
         self._close_runs()
         plan = self._plan
         ahead, self._ahead = self._ahead, None
@@ -60,7 +64,6 @@ class StreamCursor:
         self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
         self._runs = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
-        announced = _soonest_runs(window)
         if self._reader.remote and self._lanes.before(index + 1) < self._lanes.total:
             # The next window's pieces are announced after this one's: an object store starts
             # them as this window's streams are taken, so no window waits for a first byte.
@@ -68,9 +71,24 @@ class StreamCursor:
                 plan.sequence, plan.shape, plan.options, self._stream, index + 1
             )
             self._ahead = (index + 1, following)
-            announced += _soonest_runs(following)
-        self._reader.prefetch(announced, self)
+        self._announce(window, start - window.start)
         return window
+
+    def _announce(self, window: Window, offset: int) -> None:
+        """Announce the pieces this window opens from ``offset`` on, then the next window's.
+
+        Read from its start, a window opens each piece at its first sample. A slice that starts
+        elsewhere (a resume, or an epoch's last steps, which workers share) opens a piece at
+        the first sample it reads of it: that exact range is announced, or an object store
+        would make each such open wait for a first byte in turn.
+        """
+        if offset == 0:
+            announced = _soonest_runs(window)
+        else:
+            announced = _runs_from(window, offset, self._runs, self._next)
+        if self._ahead is not None:
+            announced += _soonest_runs(self._ahead[1])
+        self._reader.prefetch(announced, self)
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
         runs, expected = self._runs, self._next
@@ -109,6 +127,22 @@ def _soonest_runs(window: Window) -> list[tuple[int, int, int]]:
     soonest = dict.fromkeys(window.labels.tolist())
     return [(window.runs[label].shard, window.runs[label].first, window.runs[label].stop)
             for label in soonest]  # fmt: skip
+
+
+def _runs_from(
+    window: Window, offset: int, runs: list[Iterator[Any] | None], expected: list[int]
+) -> list[tuple[int, int, int]]:
+    """``(shard, first, stop)`` of the runs opened reading the window from ``offset`` on, in
+    the order they open: each piece from the first sample read of it, except those whose
+    open run already continues there."""
+    found: dict[int, int] = {}
+    labels, ordinals = window.labels[offset:].tolist(), window.ordinals[offset:].tolist()
+    for label, ordinal in zip(labels, ordinals, strict=True):
+        if label not in found:
+            found[label] = ordinal
+    return [(window.runs[label].shard, window.runs[label].first + ordinal, window.runs[label].stop)
+            for label, ordinal in found.items()
+            if runs[label] is None or expected[label] != ordinal]  # fmt: skip
 
 
 def _close(run: Iterator[Any]) -> None:
