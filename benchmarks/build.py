@@ -46,9 +46,22 @@ def run_row(row: str, root: Path, out: Path) -> dict:
         workers = int(row.rsplit("-", 1)[1]) if row.startswith("shardstream-") else 1
         build_shards(root, out, workers=workers, max_bytes_per_shard=256 * 10**6)
     seconds = time.perf_counter() - start
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"seconds": seconds, "rss_mb": own / 1024, "child_rss_mb": children / 1024}
+    return {"seconds": seconds, "rss_mb": _own_peak_kib() / 1024, "child_rss_mb": children / 1024}
+
+
+def _own_peak_kib() -> int:
+    """This process's peak RSS in KiB. Linux carries ``ru_maxrss`` across fork and exec, so a
+    row started by the benchmark's (large) process would report that process's size: the
+    memory map's own high-water mark (``VmHWM``, fresh at exec) is read instead."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _webdataset_writer(root: Path, out: Path) -> None:
