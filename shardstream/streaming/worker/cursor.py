@@ -80,8 +80,10 @@ class StreamCursor:
         Read from its start, a window opens each piece at its first sample. A slice that starts
         elsewhere (a resume, or an epoch's last steps, which workers share) opens a piece at
         the first sample it reads of it: that exact range is announced, or an object store
-        would make each such open wait for a first byte in turn.
+        would make each such open wait for a first byte in turn. Local shards need none.
         """
+        if not self._reader.remote:
+            return
         if offset == 0:
             announced = _soonest_runs(window)
         else:

@@ -78,3 +78,12 @@ def test_a_contiguous_read_announces_once_per_window() -> None:
     for step in range(20):
         list(cursor.read(step * 64, (step + 1) * 64))
     assert len(calls) == 1, "reading on from where the last slice ended announces nothing more"
+
+
+def test_local_shards_announce_nothing() -> None:
+    cursor, reader, _ = _cursor()
+    reader.remote = False  # type: ignore[misc]
+    calls = []
+    reader.prefetch = lambda pieces, group: calls.append(pieces)  # type: ignore[method-assign]
+    assert len(list(cursor.read(100, 400))) == 300
+    assert calls == [] and reader.opened
