@@ -116,14 +116,20 @@ def _plain_gets(args: tuple[dict[str, Any], list[tuple[str, int, int]], int]) ->
         return sum(pool.map(get, ranges))
 
 
-def plain_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -> float:
-    """Client CPU seconds per GB of 2 MiB ranged GETs with boto3, 2 processes x ``threads``."""
+def _shuffled_ranges(info: dict[str, str], prefix: str) -> list[tuple[str, int, int]]:
+    """Every 2 MiB range of the ``.tar`` objects under ``prefix``, in a seeded random order."""
     s3 = boto3_client(info)
     listing = s3.list_objects_v2(Bucket="bench", Prefix=prefix)["Contents"]
     ranges = [(item["Key"], start, min(item["Size"], start + PIECE_BYTES))
               for item in listing if item["Key"].endswith(".tar")
               for start in range(0, item["Size"], PIECE_BYTES)]  # fmt: skip
     random.Random(0).shuffle(ranges)
+    return ranges
+
+
+def plain_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -> float:
+    """Client CPU seconds per GB of 2 MiB ranged GETs with boto3, 2 processes x ``threads``."""
+    ranges = _shuffled_ranges(info, prefix)
     routed = {**info, "endpoint_url": endpoint}
     halves = [(routed, ranges[0::2], threads), (routed, ranges[1::2], threads)]
     with ProcessPoolExecutor(2) as pool:
@@ -155,12 +161,7 @@ def store_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -
     """Client CPU seconds per GB of the same ranges as :func:`plain_loop` read through
     shardstream's S3 path alone (``Store.open_read``: presigned GETs, spans, retries, reused
     buffers), same processes and threads; no tar parsing, planning or batches."""
-    s3 = boto3_client(info)
-    listing = s3.list_objects_v2(Bucket="bench", Prefix=prefix)["Contents"]
-    ranges = [(item["Key"], start, min(item["Size"], start + PIECE_BYTES))
-              for item in listing if item["Key"].endswith(".tar")
-              for start in range(0, item["Size"], PIECE_BYTES)]  # fmt: skip
-    random.Random(0).shuffle(ranges)
+    ranges = _shuffled_ranges(info, prefix)
     options, root = options_for(info, endpoint), f"s3://bench/{prefix.rstrip('/')}"
     halves = [(options, root, ranges[0::2], threads), (options, root, ranges[1::2], threads)]
     with ProcessPoolExecutor(2) as pool:
