@@ -91,8 +91,9 @@ def _freeze_inherited_objects() -> None:
     parent's heap is then copied into the worker (copy-on-write), with the GIL held. Measured
     here, that stalled a worker's first batch from an object store by 0.2-0.3 s, and it costs
     memory in every worker. ``gc.freeze()`` moves those objects to the permanent generation,
-    which collections skip (what the ``gc`` documentation advises for forked workers); objects
-    made afterwards are collected as usual. A spawned worker skips its imports' objects alike.
+    which collections skip (the ``gc`` documentation advises it around ``fork()``; here the
+    worker applies it to itself, the training process is left alone); objects made afterwards
+    are collected as usual. A spawned worker skips its imports' objects alike.
     """
     global _frozen_in
     if _frozen_in != os.getpid():
