@@ -53,6 +53,9 @@ _FIRST_SPAN_BYTES = 2**20
 _OPEN_SPAN_BYTES = 64 * 2**10
 #: First GET of a bounded range that is prefetched: the rest is fetched by the pool meanwhile.
 _RANGE_OPEN_BYTES = 2**20
+#: A bounded range up to this size is asked for in one GET: the second GET of a split would
+#: save a few milliseconds of transfer and cost a request (CPU, and a store's request count).
+_RANGE_WHOLE_BYTES = 4 * 2**20
 #: First GET of an announced range: its first samples arrive without waiting for the rest (a
 #: shuffled batch takes a few samples from each of dozens of pieces: waiting for each piece
 #: whole would hold the first batch of an epoch until hundreds of MB had arrived).
@@ -291,10 +294,12 @@ def _stream_range(
     )
     is_s3 = isinstance(source, S3Source)
     spans = is_s3 and end is not None and options.read_ahead_bytes > 0
-    # A known range is asked for whole (up to a chunk), or, when the pool fetches the rest,
-    # its first MiB; an open-ended read starts small, since readers often peek and then seek.
+    # A known range is asked for whole (up to a chunk), or, when the pool fetches the rest of a
+    # long one, its first MiB; an open-ended read starts small, since readers often peek and
+    # then seek.
     opening = _OPEN_SPAN_BYTES if end is None else max(1, end - start)
-    fetcher.next_span_bytes = min(opening, chunk_bytes, _RANGE_OPEN_BYTES if spans else opening)
+    split = spans and opening > _RANGE_WHOLE_BYTES
+    fetcher.next_span_bytes = min(opening, chunk_bytes, _RANGE_OPEN_BYTES if split else opening)
     head: Chunk = b""
     if is_s3:
         head = fetcher.next_chunk() or b""  # learns the size (and ETag) without a HEAD

@@ -360,3 +360,20 @@ def test_anonymous_reads_send_unsigned_gets(
     assert read_all(anonymous, FAST) == data
     gets = [t for m, t in fault_proxy.requests if m == "GET" and KEY in t]
     assert gets and not any("Signature" in t or "Credential" in t for t in gets)
+
+
+def test_a_piece_sized_range_is_one_get_and_a_long_range_is_split(
+    moto_fs: Any, proxy_options: dict[str, Any], fault_proxy: FaultProxy
+) -> None:
+    blob = payload(20 * 2**20, seed=9)
+    moto_fs.pipe(URL, blob)
+    store = Store(f"s3://{BUCKET}/data", proxy_options)
+    for start, end, most in [(1000, 1000 + 2 * 2**20 + 5, 1), (0, 16 * 2**20, None)]:
+        fault_proxy.clear()
+        with store.open_read("shard-000000.tar", start, end) as stream:
+            assert stream.read() == blob[start:end]
+        gets = fault_proxy.count("GET", KEY)
+        if most is not None:
+            assert gets == most, "a piece (about 2 MiB) costs one request, as a plain GET would"
+        else:
+            assert gets > 2, "a long range: first MiB, then spans fetched side by side"
