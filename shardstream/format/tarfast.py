@@ -30,14 +30,15 @@ from shardstream.format.keys import split_key
 from shardstream.format.samples import MAX_MEMBERS_PER_SAMPLE
 from shardstream.format.tarheader import (
     BLOCK,
+    FILE_TYPES,
     MAX_EXTENDED_BYTES,
-    byte_sum,
     check_header,
     header_name,
     padded,
     parse_pax,
+    usual_header,
 )
-from shardstream.format.tarreader import FILE_TYPES, Sample
+from shardstream.format.tarreader import Sample
 from shardstream.storage.limits import file_budget
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "read_plain_sample",
 ]
 
-_OCTAL = b"01234567"
 #: Most bytes of a shard mapped at once. A mapping stays until every sample in it is released,
 #: so this bounds the shard bytes that one held sample keeps mapped (about 14 JPEGs of 70 KB).
 MAP_WINDOW_BYTES = 1 << 20
@@ -209,38 +209,6 @@ def read_plain_sample(
     return parse_plain_sample(memoryview(cast(Any, buffer)), url, begin)
 
 
-def _plain_header(header: bytes) -> tuple[int, bytes, str] | None:
-    """``(size, type flag, name)`` of the usual header, or None for anything else.
-
-    The usual header is the one Python's ``tarfile``, GNU tar and this library write for a
-    regular file with a short name: checksum as six octal digits, NUL, space; size as eleven
-    octal digits and a NUL; no ustar prefix. Its fields are read at fixed places, with the same
-    checksum check as :func:`~shardstream.format.tarheader.check_header`. Any other header (a
-    bad checksum included) returns None and goes through the careful path, which accepts or
-    reports it.
-    """
-    field = header[148:156]
-    digits = header[124:135]
-    if (
-        field[6:] != b"\0 "
-        or header[135] != 0
-        or field[:6].strip(_OCTAL)
-        or digits.strip(_OCTAL)
-        or header[345] != 0
-        or header[156:157] not in FILE_TYPES
-    ):
-        return None
-    if int(field[:6], 8) != byte_sum(header) - sum(field) + 8 * 32:
-        return None
-    name = header[:100]
-    end = name.find(0)
-    return (
-        int(digits, 8),
-        header[156:157],
-        (name if end < 0 else name[:end]).decode("utf-8", "surrogateescape"),
-    )
-
-
 def parse_plain_sample(view: memoryview, url: str, begin: int) -> Sample | None:
     """The one sample in ``view`` (bytes from offset ``begin`` of ``url``), or None.
 
@@ -254,7 +222,7 @@ def parse_plain_sample(view: memoryview, url: str, begin: int) -> Sample | None:
     while position < length:
         header = bytes(view[position : position + BLOCK])
         start = position + BLOCK
-        parsed = _plain_header(header) if name is None else None
+        parsed = usual_header(header) if name is None else None
         if parsed is not None:
             size, kind, member = parsed
             parts = split_key(member)

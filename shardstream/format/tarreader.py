@@ -21,6 +21,7 @@ from typing import IO, Any, cast
 from shardstream.errors import ShardFormatError
 from shardstream.format.tarheader import (
     BLOCK,
+    FILE_TYPES,
     MAX_EXTENDED_BYTES,
     check_header,
     header_name,
@@ -39,7 +40,6 @@ __all__ = [
 
 Sample = dict[str, Any]
 _ZERO = bytes(BLOCK)
-FILE_TYPES = (b"0", b"\0", b"7")
 #: Default largest member read into memory (a documented ``StreamOptions`` setting).
 DEFAULT_MAX_MEMBER_BYTES = 1 << 30
 _CHUNK_BYTES = 16 << 20

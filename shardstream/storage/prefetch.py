@@ -107,7 +107,7 @@ class FetchPool:
         self.gauge = LatencyGauge()
         self._idle_exit_s = idle_exit_s
         self._jobs: collections.deque[SpanJob] = collections.deque()
-        self._first: collections.deque[SpanJob] = collections.deque()  # run before _jobs
+        self._openings: collections.deque[SpanJob] = collections.deque()  # run before _jobs
         self._cond = threading.Condition()
         self._threads = 0
         self._idle = 0
@@ -122,17 +122,17 @@ class FetchPool:
         """Threads (GETs in flight) the measured latency asks for now."""
         return self.gauge.requests_in_flight(self.min_threads, self.max_threads)
 
-    def submit(self, job: SpanJob, first: bool = False) -> None:
+    def submit(self, job: SpanJob, opening: bool = False) -> None:
         """Queue ``job``; start the pool's first thread if it has none (see
         :meth:`_claim_starts` for the others).
 
-        ``first`` jobs (the opening span of an announced piece) run before every other queued
+        ``opening`` jobs (the first span of an announced piece) run before every other queued
         job: a batch draws its first samples from many pieces at once, so their openings are
         what it waits for. With all GETs in flight sharing the store's bandwidth, a piece's
         remaining spans queued ahead of the next piece's opening would delay it by their bytes.
         """
         with self._cond:
-            (self._first if first else self._jobs).append(job)
+            (self._openings if opening else self._jobs).append(job)
             self._cond.notify()
             starts = 0
             if self._threads == 0:  # the first thread; it starts any more the count asks for
@@ -149,7 +149,7 @@ class FetchPool:
         when there is none; pool threads start the rest as they take jobs, so the reader never
         waits through dozens of starts when the measured latency asks for more requests.
         """
-        queued = len(self._first) + len(self._jobs)
+        queued = len(self._openings) + len(self._jobs)
         wanted = min(self.wanted_threads, self._threads + queued - self._idle)
         starts = max(0, wanted - self._threads)
         self._threads += starts
@@ -168,13 +168,13 @@ class FetchPool:
         while True:
             with self._cond:
                 self._idle += 1
-                if not self._first and not self._jobs:
+                if not self._openings and not self._jobs:
                     self._cond.wait(self._idle_exit_s)
                 self._idle -= 1
-                if (not self._first and not self._jobs) or self._threads > self.wanted_threads:
+                if (not self._openings and not self._jobs) or self._threads > self.wanted_threads:
                     self._threads -= 1
                     return
-                job = self._first.popleft() if self._first else self._jobs.popleft()
+                job = self._openings.popleft() if self._openings else self._jobs.popleft()
                 starts = self._claim_starts()
             self._start(starts)
             job.run()
@@ -206,7 +206,7 @@ class SpanPrefetcher:
         stop: Set on close (ends the retry waits of running fetches), cleared on a seek.
         first_span_bytes: Bytes of the first span (after the start or a seek), if shorter
             than ``span_bytes``: the first bytes arrive sooner, the rest follows. That span
-            also runs before the pool's other queued spans (``FetchPool.submit(first=True)``).
+            also runs before the pool's other queued spans (``FetchPool.submit(opening=True)``).
     """
 
     def __init__(
@@ -241,7 +241,8 @@ class SpanPrefetcher:
             stop = min(self._end, self._next + span)
             job = SpanJob(self._fetch, self._next, stop)
             self._jobs.append(job)
-            self._pool.submit(job, first=bool(self._first_span_bytes) and self._next == self._first)
+            opening = bool(self._first_span_bytes) and self._next == self._first
+            self._pool.submit(job, opening=opening)
             queued += stop - self._next
             self._next = stop
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 import threading
 from collections.abc import Sequence
 
 from shardstream.errors import StorageError
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.redact import redact_text
 
 __all__ = [
@@ -138,11 +138,9 @@ def fatal_error(
 
 
 #: The retry jitter's own generator (never the user's ``random`` stream, which seeded
-#: augmentations draw from), seeded apart in every process: reseeded in a forked child. One per
-#: request cost a ``urandom`` read, a GIL release, on every GET.
-_JITTER = random.Random()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_JITTER.seed)
+#: augmentations draw from), one per process so forked workers draw apart. One per request
+#: cost a ``urandom`` read, a GIL release, on every GET.
+_JITTER: ProcessLocal[random.Random] = ProcessLocal(random.Random)
 
 
 class Retrier:
@@ -199,7 +197,7 @@ class Retrier:
                 "ReadOptions.max_attempts / timeout_s."
             ) from exc
         delay = min(self.max_backoff_s, self.backoff_s * 2 ** min(self.failures - 1, 62))
-        delay *= 0.5 + 0.5 * _JITTER.random()  # jitter: workers must not retry in step
+        delay *= 0.5 + 0.5 * _JITTER.get().random()  # jitter: workers must not retry in step
         logger.warning(
             "%s: %s %s failed (attempt %d of %d, retrying in %.2fs): %s",
             self.url, self.action, where, self.failures, self.max_attempts, delay, cause,

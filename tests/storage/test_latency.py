@@ -88,7 +88,7 @@ def test_opening_spans_run_before_queued_rest_spans() -> None:
     opening = SpanJob(fetch, 30, 31)
     for job in rest:
         pool.submit(job)
-    pool.submit(opening, first=True)
+    pool.submit(opening, opening=True)
     gate.set()
     for job in [opening, *rest]:
         job._done.wait(5)

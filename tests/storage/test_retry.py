@@ -261,7 +261,7 @@ def test_secrets_never_reach_messages_or_logs(caplog: pytest.LogCaptureFixture) 
 def _jitter_draw(_: int) -> float:
     from shardstream.storage import retry
 
-    return retry._JITTER.random()
+    return retry._JITTER.get().random()
 
 
 def test_retry_jitter_differs_per_forked_worker_and_leaves_the_users_random_alone() -> None:

@@ -254,8 +254,7 @@ def _headers_of_every_style() -> list[bytes]:
 def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
     """Whatever the shortcut accepts, the careful parse reads the same way; flipped bytes in a
     header make the shortcut refuse it (the careful path then reports it)."""
-    from shardstream.format.tarfast import _plain_header
-    from shardstream.format.tarheader import check_header, header_name
+    from shardstream.format.tarheader import check_header, header_name, usual_header
 
     rng = random.Random(3)
     blocks = _headers_of_every_style()
@@ -267,7 +266,7 @@ def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
                            + block[spot + 1 :])
     accepted = 0
     for block in blocks + damaged:
-        quick = _plain_header(block)
+        quick = usual_header(block)
         if quick is None:
             continue
         accepted += 1
@@ -275,4 +274,4 @@ def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
         assert quick == (size, kind, header_name(block))
     assert accepted >= len(blocks) // 3  # the usual headers do take the shortcut
     # One flipped bit changes the byte sum or the stored checksum: the shortcut never takes it.
-    assert all(_plain_header(block) is None for block in damaged)
+    assert all(usual_header(block) is None for block in damaged)

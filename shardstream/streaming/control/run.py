@@ -12,11 +12,11 @@ import copy
 import dataclasses
 import functools
 import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from shardstream.catalog.shardlist import ShardList
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.passes import WorkerPass
 from shardstream.streaming.decoding.decode import SampleConverter
@@ -59,7 +59,7 @@ def run_pass(job: WorkerJob) -> Iterator[Any]:
     """The batches (or samples) this process yields in ``job``'s pass."""
     running, context, settings = job.running, job.context, job.settings
     if context.in_worker:
-        _freeze_inherited_objects()
+        _frozen.get()  # once per worker process
     stats = running.stats
     reader = ShardReader(job.shards, settings.read(job.tag_streams), stats)
     batcher = _batcher(job)
@@ -79,26 +79,25 @@ def run_pass(job: WorkerJob) -> Iterator[Any]:
     return run_steps(job_steps, reader, batcher, stats)
 
 
-_frozen_in: int | None = None  # the process that froze its objects
-
-
-def _freeze_inherited_objects() -> None:
+def _freeze_inherited_objects() -> bool:
     """Put what a DataLoader worker holds when it starts reading out of the cyclic GC's reach.
 
-    Once per worker process. A worker forked from a training process inherits its heap
-    (torch, the model's modules, botocore's models: millions of objects), and the first full
-    collection in the worker walks all of them and writes their GC headers: every page of the
-    parent's heap is then copied into the worker (copy-on-write), with the GIL held. Measured
-    here, that stalled a worker's first batch from an object store by 0.2-0.3 s, and it costs
-    memory in every worker. ``gc.freeze()`` moves those objects to the permanent generation,
-    which collections skip (the ``gc`` documentation advises it around ``fork()``; here the
-    worker applies it to itself, the training process is left alone); objects made afterwards
-    are collected as usual. A spawned worker skips its imports' objects alike.
+    A worker forked from a training process inherits its heap (torch, the model's modules,
+    botocore's models: millions of objects), and the first full collection in the worker walks
+    all of them and writes their GC headers: every page of the parent's heap is then copied
+    into the worker (copy-on-write), with the GIL held. Measured here, that stalled a worker's
+    first batch from an object store by 0.2-0.3 s, and it costs memory in every worker.
+    ``gc.freeze()`` moves those objects to the permanent generation, which collections skip
+    (the ``gc`` documentation advises it around ``fork()``; here the worker applies it to
+    itself, the training process is left alone); objects made afterwards are collected as
+    usual. A spawned worker skips its imports' objects alike.
     """
-    global _frozen_in
-    if _frozen_in != os.getpid():
-        _frozen_in = os.getpid()
-        gc.freeze()
+    gc.freeze()
+    return True
+
+
+#: Made (frozen) once per worker process, at its first pass.
+_frozen: ProcessLocal[bool] = ProcessLocal(_freeze_inherited_objects)
 
 
 def _batcher(job: WorkerJob) -> Batcher:

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from shardstream.streaming.planning.schedule import PassPlan
+from shardstream.streaming.planning.sequence import Run
 from shardstream.streaming.planning.windows import StreamId, StreamLanes, Window, build_window
 from shardstream.streaming.worker.reader import ShardReader
 
@@ -84,12 +87,15 @@ class StreamCursor:
         """
         if not self._reader.remote:
             return
-        if offset == 0:
-            announced = _soonest_runs(window)
-        else:
-            announced = _runs_from(window, offset, self._runs, self._next)
+        runs, expected = self._runs, self._next
+        announced = [
+            (piece.shard, piece.first + ordinal, piece.stop)
+            for label, piece, ordinal in _runs_from(window, offset)
+            if runs[label] is None or expected[label] != ordinal  # not already open there
+        ]
         if self._ahead is not None:
-            announced += _soonest_runs(self._ahead[1])
+            announced += [(piece.shard, piece.first + ordinal, piece.stop)
+                          for _, piece, ordinal in _runs_from(self._ahead[1], 0)]  # fmt: skip
         self._reader.prefetch(announced, self)
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
@@ -124,27 +130,15 @@ class StreamCursor:
         self._reader.forget(self)
 
 
-def _soonest_runs(window: Window) -> list[tuple[int, int, int]]:
-    """``(shard, first, stop)`` of the window's pieces in the order of their first samples."""
-    soonest = dict.fromkeys(window.labels.tolist())
-    return [(window.runs[label].shard, window.runs[label].first, window.runs[label].stop)
-            for label in soonest]  # fmt: skip
-
-
-def _runs_from(
-    window: Window, offset: int, runs: list[Iterator[Any] | None], expected: list[int]
-) -> list[tuple[int, int, int]]:
-    """``(shard, first, stop)`` of the runs opened reading the window from ``offset`` on, in
-    the order they open: each piece from the first sample read of it, except those whose
-    open run already continues there."""
-    found: dict[int, int] = {}
-    labels, ordinals = window.labels[offset:].tolist(), window.ordinals[offset:].tolist()
-    for label, ordinal in zip(labels, ordinals, strict=True):
-        if label not in found:
-            found[label] = ordinal
-    return [(window.runs[label].shard, window.runs[label].first + ordinal, window.runs[label].stop)
-            for label, ordinal in found.items()
-            if runs[label] is None or expected[label] != ordinal]  # fmt: skip
+def _runs_from(window: Window, offset: int) -> list[tuple[int, Run, int]]:
+    """``(label, run, ordinal)`` of each run read from position ``offset`` of the window on,
+    in the order of their first samples there, with the ordinal of that first sample."""
+    labels = window.labels[offset:]
+    found, first = np.unique(labels, return_index=True)
+    order = np.argsort(first, kind="stable")
+    ordinals = window.ordinals[offset:][first[order]].tolist()
+    return [(label, window.runs[label], ordinal)
+            for label, ordinal in zip(found[order].tolist(), ordinals, strict=True)]  # fmt: skip
 
 
 def _close(run: Iterator[Any]) -> None:

@@ -195,17 +195,21 @@ class HandlePool:
         A remote handle reads only bytes ``[start, end)``; a local one is a plain file (the
         caller stops at ``end``), so it can be lent again for another range.
         """
-        local = self.is_local(name)
-        stream = self._take(name, start) if local else self.store.open_read(name, start, end)
-        reusable = False
+        if not self.is_local(name):
+            remote = self.store.open_read(name, start, end)
+            try:
+                yield remote
+            finally:
+                remote.close()
+            return
+        stream, length = self._take(name)
+        given = False
         try:
+            stream.seek(start)
             yield stream
-            reusable = not self._closed and local
+            given = True
         finally:
-            if reusable:
-                self._give_back(name, stream)
-            else:
-                stream.close()
+            self._release(name, stream, length, reusable=given)
 
     def map(self, name: str, begin: int, end: int) -> memoryview | None:
         """Bytes ``[begin, end)`` of local shard ``name`` as a memory map, or None.
@@ -217,7 +221,7 @@ class HandlePool:
         """
         if not self.is_local(name):
             return None
-        stream, length = self._take_idle(name)
+        stream, length = self._take(name)
         try:
             if length < 0:
                 try:
@@ -226,29 +230,27 @@ class HandlePool:
                     length = 0
             return map_range(stream.fileno(), begin, end) if length >= end else None
         finally:
-            if self._closed:
-                stream.close()
-            else:
-                self._give_back(name, stream, length)
+            self._release(name, stream, length)
 
-    def _take(self, name: str, start: int) -> IO[bytes]:
-        stream, length = self._take_idle(name)
-        if start or length != -2:  # a new handle is at 0; a reused one anywhere
-            stream.seek(start)
-        return stream
-
-    def _take_idle(self, name: str) -> tuple[IO[bytes], int]:
-        """An idle handle of ``name`` (or a new one) and its known length (negative: not asked)."""
+    def _take(self, name: str) -> tuple[IO[bytes], int]:
+        """An idle handle of ``name`` (a new one if none) and its length (-1: not asked)."""
         slots = self._by_name.get(name)
-        if slots:
-            slot = slots.pop()
-            if not slots:
-                del self._by_name[name]
-            _, stream, length = self._idle.pop(slot)
-            return stream, length
-        return self.store.open_read(name), -2  # new: not asked, at byte 0
+        if not slots:
+            return self.store.open_read(name), -1
+        slot = slots.pop()
+        if not slots:
+            del self._by_name[name]
+        _, stream, length = self._idle.pop(slot)
+        return stream, length
 
-    def _give_back(self, name: str, stream: IO[bytes], length: int = -1) -> None:
+    def _release(self, name: str, stream: IO[bytes], length: int, reusable: bool = True) -> None:
+        """Keep ``stream`` for later pieces, or close it (the pool is closed, or it failed)."""
+        if reusable and not self._closed:
+            self._give_back(name, stream, length)
+        else:
+            stream.close()
+
+    def _give_back(self, name: str, stream: IO[bytes], length: int) -> None:
         self._idle[id(stream)] = (name, stream, length)
         self._by_name.setdefault(name, []).append(id(stream))
         while len(self._idle) > self._max_idle:
