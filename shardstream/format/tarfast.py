@@ -15,17 +15,15 @@ does, and ``rsync``), or pass ``StreamOptions(memory_map=False)``.
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
-import threading
-import weakref
 from collections.abc import Sequence
 from typing import IO, Any, cast
 
 import numpy as np
 
 from shardstream.errors import ShardFormatError
+from shardstream.format.filemaps import map_range
 from shardstream.format.keys import split_key
 from shardstream.format.samples import MAX_MEMBERS_PER_SAMPLE
 from shardstream.format.tarheader import (
@@ -39,7 +37,6 @@ from shardstream.format.tarheader import (
     usual_header,
 )
 from shardstream.format.tarreader import Sample
-from shardstream.storage.limits import file_budget
 
 __all__ = [
     "MAP_WINDOW_BYTES",
@@ -52,80 +49,6 @@ __all__ = [
 #: Most bytes of a shard mapped at once. A mapping stays until every sample in it is released,
 #: so this bounds the shard bytes that one held sample keeps mapped (about 14 JPEGs of 70 KB).
 MAP_WINDOW_BYTES = 1 << 20
-
-
-class _MapBudget:
-    """Live memory maps of this process, at most half its open-file budget.
-
-    Python's ``mmap`` keeps a duplicate of the file descriptor for as long as the map lives, so
-    every live map holds an open file. A worker reading from hundreds of places at once would
-    otherwise run out of descriptors (``ulimit -n`` is 256 to 1,024 on many systems); past the
-    budget, samples are read into memory instead of mapped.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.live = 0
-        self.limit: int | None = None
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.limit is None:
-                self.limit = file_budget(0.5, 4096)
-            if self.live >= self.limit:
-                return False
-            self.live += 1
-            return True
-
-    def give_back(self) -> None:
-        with self._lock:
-            self.live -= 1
-
-
-_MAPS = _MapBudget()
-
-
-def map_range(fileno: int, begin: int, end: int) -> memoryview | None:
-    """Bytes ``[begin, end)`` of an open local file as a copy-on-write memory map, or None.
-
-    None when the process has as many live maps as its open-file limit allows (see
-    :class:`_MapBudget`) or the map fails (then read the bytes instead). The map is released
-    when the last view into it is.
-    """
-    if not _MAPS.take():
-        return None
-    base = begin - begin % mmap.ALLOCATIONGRANULARITY
-    try:
-        mapping = mmap.mmap(fileno, end - base, access=mmap.ACCESS_COPY, offset=base)
-    except (OSError, ValueError):  # e.g. the process's limit on mappings
-        _MAPS.give_back()
-        return None
-    weakref.finalize(mapping, _MAPS.give_back)
-    if hasattr(mmap, "MADV_WILLNEED") and not _cached(fileno, begin, end):
-        with contextlib.suppress(OSError):  # only advice: reading works without it
-            mapping.madvise(mmap.MADV_WILLNEED)  # a cold cache reads the range at once
-    return memoryview(mapping)[begin - base :]
-
-
-_PROBE = bytearray(1)  # what _cached reads into (never looked at)
-
-
-def _cached(fileno: int, begin: int, end: int) -> bool:
-    """Whether the first and last bytes of ``[begin, end)`` are in the page cache.
-
-    Two one-byte ``preadv(RWF_NOWAIT)`` calls (Linux), which fail instead of reading the disk:
-    about 1 us together, where ``MADV_WILLNEED`` on a cached range costs 10-12 us (it looks up
-    every page). False when it cannot tell (other systems, file systems without ``NOWAIT``).
-    """
-    flag = getattr(os, "RWF_NOWAIT", None)
-    if flag is None:
-        return False
-    try:
-        return os.preadv(fileno, [_PROBE], begin, flag) == 1 == os.preadv(
-            fileno, [_PROBE], end - 1, flag
-        )
-    except OSError:  # BlockingIOError: not cached; EOPNOTSUPP and the like: cannot tell
-        return False
 
 
 class SampleMap:

@@ -165,7 +165,7 @@ def test_a_pooled_handle_maps_without_seeking_and_asks_the_length_once(
 def test_cached_ranges_skip_the_read_ahead_advice(tmp_path: pathlib.Path) -> None:
     import os
 
-    from shardstream.format import tarfast
+    from shardstream.format import filemaps
 
     path = tmp_path / "blob"
     path.write_bytes(os.urandom(1 << 20))
@@ -174,8 +174,82 @@ def test_cached_ranges_skip_the_read_ahead_advice(tmp_path: pathlib.Path) -> Non
     read_end, write_end = os.pipe()
     try:
         if hasattr(os, "RWF_NOWAIT"):  # Linux
-            assert tarfast._cached(descriptor, 4096, 1 << 19)
-        assert not tarfast._cached(read_end, 0, 100)  # cannot tell (a pipe): advise anyway
+            assert filemaps._cached(descriptor, 4096, 1 << 19)
+        assert not filemaps._cached(read_end, 0, 100)  # cannot tell (a pipe): advise anyway
     finally:
         for fd in (descriptor, read_end, write_end):
             os.close(fd)
+
+
+def test_a_pool_maps_each_shard_once_and_bounds_what_stays_mapped(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pieces of a shard are slices of one map (no map per piece); past the byte budget the
+    least recently used shard is dropped, a shard over the budget is mapped piece by piece,
+    and closing the pool unmaps everything once no sample views it."""
+    from shardstream.format import filemaps
+
+    shards = []
+    for name in ("a", "b", "c"):
+        folder = tmp_path / name
+        folder.mkdir()
+        shards.append(_shard(folder, 30 if name == "c" else 9))
+    for (path, _), target in zip(shards, ("a.tar", "b.tar", "c.tar"), strict=True):
+        path.rename(tmp_path / target)
+    sizes = {n: (tmp_path / n).stat().st_size for n in ("a.tar", "b.tar", "c.tar")}
+    offsets = {n: sample_offsets(tmp_path / n) for n in sizes}
+    assert sizes["c.tar"] > sizes["a.tar"] + sizes["b.tar"] and sizes["a.tar"] == sizes["b.tar"]
+    maps_made = []
+    real_mmap = mmap.mmap
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: maps_made.append(a[1:]) or real_mmap(*a, **k))
+    live_before = filemaps._MAPS.live
+    pool = HandlePool(Store(tmp_path), max_idle=4, max_map_bytes=sizes["a.tar"] + sizes["b.tar"])
+
+    def read_all(name: str) -> list[memoryview]:
+        found = offsets[name]
+        views = [pool.map(name, found[i], found[i + 1]) for i in range(len(found) - 1)]
+        data = (tmp_path / name).read_bytes()
+        assert [bytes(v) for v in views] == [data[a:b] for a, b in itertools.pairwise(found)]
+        return views
+
+    held = read_all("a.tar")
+    assert maps_made == [(sizes["a.tar"],)]  # the whole file, once for all nine pieces
+    read_all("b.tar")
+    assert pool._maps.mapped_bytes == sizes["a.tar"] + sizes["b.tar"]
+    read_all("a.tar")
+    assert len(maps_made) == 2  # both kept
+    maps_made.clear()
+    read_all("c.tar")  # larger than the budget: each piece mapped alone, nothing dropped
+    assert len(maps_made) == len(offsets["c.tar"]) - 1
+    assert all(size < sizes["c.tar"] for (size, *_) in maps_made)
+    pool._maps.max_bytes = sizes["c.tar"]
+    maps_made.clear()
+    read_all("c.tar")  # now it fits: a and b are dropped, least recently used first
+    assert maps_made == [(sizes["c.tar"],)] and pool._maps.mapped_bytes == sizes["c.tar"]
+    pool.close()
+    gc.collect()
+    assert [bytes(v) for v in held] == [bytes(v) for v in read_all("a.tar")]  # still valid
+    del held
+    gc.collect()
+    assert filemaps._MAPS.live == live_before  # every map and descriptor given back
+
+
+def test_persistent_workers_read_the_same_epochs_mapped_and_unmapped(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Shard maps are kept for a pass and made afresh by the next (same workers)."""
+    root, _ = make_dataset(tmp_path, 40, 7)
+
+    def epochs(memory_map: bool) -> list[list[bytes]]:
+        options = StreamOptions(memory_map=memory_map, num_open=3, piece_size=4)
+        ds = StreamingDataset(root, decode="raw", batch_size=8, seed=5, options=options)
+        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+        found = []
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            found.append([bytes(t.numpy()) for images, _ in loader for t in images])
+        return found
+
+    mapped = epochs(True)
+    assert mapped == epochs(False)
+    assert len(mapped[0]) == 40 and mapped[0] != mapped[1]

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from typing import IO
 
 from shardstream.errors import ShardFormatError
+from shardstream.format.filemaps import DEFAULT_MAP_CACHE_BYTES, FileMaps, map_range
 from shardstream.format.shardindex import ShardIndex, decode_index
-from shardstream.format.tarfast import map_range
 from shardstream.storage import Store, is_local_url
 from shardstream.storage.batchread import read_ranges
 from shardstream.storage.processlocal import ProcessLocal
@@ -156,6 +156,8 @@ class HandlePool:
     Args:
         store: Where the shards are; remote streams are opened per piece, never kept.
         max_idle: Idle handles kept open; each costs one file descriptor.
+        max_map_bytes: Bytes of local shard files kept mapped whole until :meth:`close` (see
+            :meth:`map`).
 
     Example:
         >>> pool = HandlePool(Store("shards/train"))  # doctest: +SKIP
@@ -163,12 +165,15 @@ class HandlePool:
         >>> pool.close()  # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, max_idle: int = 64) -> None:
+    def __init__(
+        self, store: Store, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES
+    ) -> None:
         self.store = store
         self._max_idle = max_idle
         self._idle: collections.OrderedDict[int, _Idle] = collections.OrderedDict()
         self._by_name: dict[str, list[int]] = {}  # idle handles of each shard, newest last
         self._local: dict[str, bool] = {}
+        self._maps = FileMaps(max_map_bytes)
         self._closed = False
         # A pool dropped without close() (a dataset's reader kept for the process's life)
         # still closes its idle files.
@@ -212,25 +217,31 @@ class HandlePool:
             self._release(name, stream, length, reusable=given)
 
     def map(self, name: str, begin: int, end: int) -> memoryview | None:
-        """Bytes ``[begin, end)`` of local shard ``name`` as a memory map, or None.
+        """Bytes ``[begin, end)`` of local shard ``name`` as a view of a memory map, or None.
 
-        None when ``name`` is not a local file, the file is shorter than ``end`` (a map past
-        the end of a file faults), or the process is out of maps (see
-        :func:`~shardstream.format.tarfast.map_range`): read the bytes then. The handle's
-        length is asked once per open handle, and no seek is needed: a piece costs the map.
+        The shard is mapped whole on its first piece and kept until the pool closes (see
+        :mod:`shardstream.format.filemaps`): later pieces cost a lookup and a slice. A shard
+        larger than the map budget, or met when the process is out of maps, has each piece
+        mapped alone. None when ``name`` is not a local file, the file is shorter than
+        ``end`` (a map past the end of a file faults), or no map can be made: read the bytes.
         """
-        if not self.is_local(name):
-            return None
-        stream, length = self._take(name)
-        try:
-            if length < 0:
-                try:
-                    length = os.fstat(stream.fileno()).st_size
-                except (OSError, ValueError):  # no descriptor (io.UnsupportedOperation is both)
-                    length = 0
-            return map_range(stream.fileno(), begin, end) if length >= end else None
-        finally:
-            self._release(name, stream, length)
+        mapped = self._maps.get(name)
+        if mapped is None:
+            if not self.is_local(name):
+                return None
+            stream, length = self._take(name)
+            try:
+                if length < 0:
+                    try:
+                        length = os.fstat(stream.fileno()).st_size
+                    except (OSError, ValueError):  # no descriptor (UnsupportedOperation is both)
+                        length = 0
+                mapped = None if self._closed else self._maps.open(name, stream.fileno(), length)
+                if mapped is None:
+                    return map_range(stream.fileno(), begin, end) if length >= end else None
+            finally:
+                self._release(name, stream, length)
+        return mapped.piece(begin, end) if mapped.size >= end else None
 
     def _take(self, name: str) -> tuple[IO[bytes], int]:
         """An idle handle of ``name`` (a new one if none) and its length (-1: not asked)."""
@@ -262,9 +273,11 @@ class HandlePool:
             oldest.close()
 
     def close(self) -> None:
-        """Close every idle handle; handles still lent are closed when given back."""
+        """Close every idle handle and drop the shards' maps; handles still lent are closed
+        when given back."""
         self._closed = True
         self._by_name.clear()
+        self._maps.clear()  # each map goes once no sample views it
         _close_idle(self._idle)
 
 
