@@ -33,8 +33,10 @@ def _shard(tmp_path: pathlib.Path, count: int = 9) -> tuple[pathlib.Path, list[i
     return path, sample_offsets(path)
 
 
-def _read(path: pathlib.Path, offsets: list[int], memory_map: bool) -> list[dict]:
-    pool = HandlePool(Store(path.parent), max_idle=0)
+def _read(
+    path: pathlib.Path, offsets: list[int], memory_map: bool, max_map_bytes: int = 1 << 30
+) -> list[dict]:
+    pool = HandlePool(Store(path.parent), max_idle=0, max_map_bytes=max_map_bytes)
     return list(read_piece(pool, path.name, 0, None, None, offsets, memory_map=memory_map))
 
 
@@ -44,12 +46,17 @@ def _map_small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 0)
 
 
-def test_pieces_under_the_copy_size_are_copied_not_mapped(
+def test_short_pieces_are_slices_of_the_shard_map_or_else_copied(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Under the copy size a piece is a slice of its shard's map; of a shard that cannot be
+    mapped whole (here: over the map budget) it is copied, not mapped alone."""
     monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 64 << 10)
     path, offsets = _shard(tmp_path)
-    copied = _read(path, offsets, True)
+    sliced = _read(path, offsets, True)
+    assert [s["jpg"] for s in sliced] == [tiny_jpeg(i) for i in range(9)]
+    assert all(isinstance(s["jpg"].obj, mmap.mmap) for s in sliced)
+    copied = _read(path, offsets, True, max_map_bytes=0)
     assert [s["jpg"] for s in copied] == [tiny_jpeg(i) for i in range(9)]
     assert all(isinstance(s["jpg"].obj, np.ndarray) for s in copied)
     assert len({id(s["jpg"].obj) for s in copied}) == 1  # one read for the whole piece

@@ -216,14 +216,15 @@ class HandlePool:
         finally:
             self._release(name, stream, length, reusable=given)
 
-    def map(self, name: str, begin: int, end: int) -> memoryview | None:
+    def map(self, name: str, begin: int, end: int, alone: bool = True) -> memoryview | None:
         """Bytes ``[begin, end)`` of local shard ``name`` as a view of a memory map, or None.
 
         The shard is mapped whole on its first piece and kept until the pool closes (see
         :mod:`shardstream.format.filemaps`): later pieces cost a lookup and a slice. A shard
         larger than the map budget, or met when the process is out of maps, has each piece
-        mapped alone. None when ``name`` is not a local file, the file is shorter than
-        ``end`` (a map past the end of a file faults), or no map can be made: read the bytes.
+        mapped alone (unless ``alone`` is False: a short piece is cheaper to read). None when
+        ``name`` is not a local file, the file is shorter than ``end`` (a map past the end of
+        a file faults), or no map can be made: read the bytes then.
         """
         mapped = self._maps.get(name)
         if mapped is None:
@@ -238,7 +239,8 @@ class HandlePool:
                         length = 0
                 mapped = None if self._closed else self._maps.open(name, stream.fileno(), length)
                 if mapped is None:
-                    return map_range(stream.fileno(), begin, end) if length >= end else None
+                    mappable = alone and length >= end
+                    return map_range(stream.fileno(), begin, end) if mappable else None
             finally:
                 self._release(name, stream, length)
         return mapped.piece(begin, end) if mapped.size >= end else None

@@ -5,8 +5,9 @@ costs beyond its samples' bytes decides the loader's speed, and what it holds de
 worker runs out of file descriptors (``ulimit -n``). A :class:`ShortPiece` borrows a file handle
 only while it reads or maps its bytes, on its first sample; it is a plain iterator (nothing to
 close), and it holds no descriptor afterwards except the one of its memory map, within the
-process's map budget (:func:`~shardstream.format.tarfast.map_range`). Bytes of a piece below
-``COPY_MAX_BYTES`` are copied, which costs less than a map.
+process's map budget (see :mod:`shardstream.format.filemaps`). A piece is a slice of its
+shard's map when the shard can be mapped whole; otherwise a piece below ``COPY_MAX_BYTES`` is
+copied, which costs less than a map of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from shardstream.streaming.worker.handles import HandlePool
 
 __all__ = ["COPY_MAX_BYTES", "ShortPiece", "index_mismatch", "read_full_sample"]
 
-#: Pieces up to this size are read into memory instead of mapped (a map costs about 10 us).
+#: Pieces up to this size, of shards not mapped whole, are read into memory instead of mapped
+#: alone (a map of its own costs about 10 us).
 COPY_MAX_BYTES = 64 << 10
 
 
@@ -90,8 +92,8 @@ class ShortPiece(Iterator[Sample]):
         """The piece's bytes (empty when they could not all be read: samples then go through
         the full reader, which reports what is wrong)."""
         begin, end = self._begin, int(self._offsets[self._stop])
-        if self._map and end - begin > COPY_MAX_BYTES:
-            view = self._pool.map(self._name, begin, end)
+        if self._map:
+            view = self._pool.map(self._name, begin, end, alone=end - begin > COPY_MAX_BYTES)
             if view is not None:
                 return view
         with self._pool.lend(self._name, begin, end) as stream:
