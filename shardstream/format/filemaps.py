@@ -85,10 +85,22 @@ def map_range(fileno: int, begin: int, end: int) -> memoryview | None:
         _MAPS.give_back()
         return None
     weakref.finalize(mapping, _MAPS.give_back)
-    if hasattr(mmap, "MADV_WILLNEED") and not _cached(fileno, begin, end):
-        with contextlib.suppress(OSError):  # only advice: reading works without it
-            mapping.madvise(mmap.MADV_WILLNEED)  # a cold cache reads the range at once
+    _read_ahead(mapping, fileno, begin, end, base)
     return memoryview(mapping)[begin - base :]
+
+
+_WILLNEED = getattr(mmap, "MADV_WILLNEED", None)
+
+
+def _read_ahead(mapping: mmap.mmap, fileno: int, begin: int, end: int, base: int) -> None:
+    """Ask the kernel to read file bytes ``[begin, end)`` of ``mapping`` (which starts at file
+    byte ``base``) at once, unless they are in the page cache already: a cold cache then reads
+    the range in one go instead of a page fault at a time."""
+    if _WILLNEED is None or _cached(fileno, begin, end):
+        return
+    start = begin - begin % mmap.PAGESIZE
+    with contextlib.suppress(OSError, ValueError):  # only advice: reading works without it
+        mapping.madvise(_WILLNEED, start - base, end - start)
 
 
 _PROBE = bytearray(1)  # what _cached reads into (never looked at)
@@ -131,10 +143,7 @@ class MappedFile:
 
     def piece(self, begin: int, end: int) -> memoryview:
         """Bytes ``[begin, end)``; read ahead by the kernel at once when they are not cached."""
-        if hasattr(mmap, "MADV_WILLNEED") and not _cached(self._fd, begin, end):
-            base = begin - begin % mmap.PAGESIZE
-            with contextlib.suppress(OSError, ValueError):  # only advice
-                self._mapping.madvise(mmap.MADV_WILLNEED, base, end - base)
+        _read_ahead(self._mapping, self._fd, begin, end, 0)
         return self._view[begin:end]
 
 

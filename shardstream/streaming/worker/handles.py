@@ -232,11 +232,7 @@ class HandlePool:
                 return None
             stream, length = self._take(name)
             try:
-                if length < 0:
-                    try:
-                        length = os.fstat(stream.fileno()).st_size
-                    except (OSError, ValueError):  # no descriptor (UnsupportedOperation is both)
-                        length = 0
+                length = length if length >= 0 else _file_length(stream)
                 mapped = None if self._closed else self._maps.open(name, stream.fileno(), length)
                 if mapped is None:
                     mappable = alone and length >= end
@@ -281,6 +277,14 @@ class HandlePool:
         self._by_name.clear()
         self._maps.clear()  # each map goes once no sample views it
         _close_idle(self._idle)
+
+
+def _file_length(stream: IO[bytes]) -> int:
+    """The length of an open local file (0 when it has no descriptor to ask)."""
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (OSError, ValueError):  # no descriptor (io.UnsupportedOperation is both)
+        return 0
 
 
 def _close_idle(idle: collections.OrderedDict[int, _Idle]) -> None:
