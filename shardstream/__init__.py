@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     )
     from shardstream.shardwriter import BuildOptions, build_shards, write_partition
     from shardstream.streaming import (
+        GpuDecode,
         RandomAccessDataset,
         Stream,
         StreamingDataLoader,
@@ -58,6 +59,7 @@ __all__ = [
     "DatasetExistsError",
     "DecodeError",
     "DuplicateKeyError",
+    "GpuDecode",
     "IndexOptions",
     "Manifest",
     "ManifestError",
@@ -93,6 +95,7 @@ _LAZY = {
     "merge_partitions": "shardstream.catalog",
     "split_dataset": "shardstream.catalog",
     "write_partition": "shardstream.shardwriter",
+    "GpuDecode": "shardstream.streaming",
     "RandomAccessDataset": "shardstream.streaming",
     "Stream": "shardstream.streaming",
     "StreamOptions": "shardstream.streaming",

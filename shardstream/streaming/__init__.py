@@ -1,4 +1,4 @@
-"""Streaming half: shard lists, epoch plans, tar reading, shuffling, decoding, the dataset.
+"""Streaming half: the dataset, its loader, random access, mixtures and GPU decoding.
 
 ``StreamingDataset`` is the entry point (it needs torch); ``StreamingDataLoader`` adds
 checkpointable positions. Names are imported lazily, so the torch-free parts
@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from shardstream.catalog.shardlist import ShardSpec, resolve_source
     from shardstream.streaming.dataset import StreamingDataset
+    from shardstream.streaming.decoding.gpudecode import GpuDecode
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
     from shardstream.streaming.options import StreamOptions
     from shardstream.streaming.randomaccess import RandomAccessDataset
 
 __all__ = [
+    "GpuDecode",
     "RandomAccessDataset",
     "ShardSpec",
     "Stream",
@@ -29,6 +31,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "GpuDecode": "shardstream.streaming.decoding.gpudecode",
     "RandomAccessDataset": "shardstream.streaming.randomaccess",
     "ShardSpec": "shardstream.catalog.shardlist",
     "Stream": "shardstream.streaming.mixture",

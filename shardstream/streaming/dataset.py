@@ -17,6 +17,7 @@ from shardstream.streaming.control.run import run_pass
 from shardstream.streaming.control.state import PassState, VersionNumber
 from shardstream.streaming.control.versions import VersionSet, open_version
 from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.schedule import PassPlan
@@ -44,7 +45,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         shuffle: Shuffle shard order and interleave pieces per epoch (seeded; see
             ``set_epoch``).
         seed: Seed of every random choice; identical on every rank.
-        decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor) or ``f(bytes, ext)``.
+        decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor), ``f(bytes, ext)``,
+            or ``"cuda"`` / a :class:`~shardstream.streaming.decoding.gpudecode.GpuDecode`:
+            workers draw the crops and hand over encoded images, and the training process
+            decodes and transforms them on the GPU (``StreamingDataLoader`` does it by itself;
+            with another loader call ``ds.gpu_decode(batch)``). Without CUDA, ``"cuda"``
+            decodes on the CPU in the workers, with the same transform and draws.
         transform: Applied to each decoded image (torchvision v2 transforms work). A v2
             ``Compose`` starting with ``RandomResizedCrop`` takes a faster path that draws the
             crop first and decodes JPEGs at the lowest resolution that keeps it (see
@@ -103,10 +109,13 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         self.settings = opened.settings
         #: The shards of the opened version (fresh epochs read them).
         self.shards = opened.shards
-        #: Decodes and transforms one raw sample.
+        worker_decode, gpu_decode = resolve_gpu_decode(decode, transform, on_error)
+        #: Decodes and transforms one raw sample (in the workers).
         self.convert = SampleConverter(
-            decode, transform, options.output, options.allow_pickle, batch_size is not None
+            worker_decode, transform, options.output, options.allow_pickle, batch_size is not None
         )
+        #: Finishes batches on the GPU in the training process (``decode="cuda"``), else None.
+        self.gpu_decode: GpuDecode | None = gpu_decode
         #: Loader statistics' shared table, or None (``StreamOptions(stats=True)``).
         self.stats_board = StatsBoard() if options.stats else None
         #: Which pass each process reads, and its resume (:mod:`.control`).

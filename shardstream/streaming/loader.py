@@ -27,7 +27,9 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     global batch, the rest of the epoch comes out as the uninterrupted run would have yielded
     it; at any other layout (elastic resume) the samples not yet consumed are dealt afresh,
     equally to every rank. Nothing is replayed: a worker starts at its next step.
-    ``persistent_workers=True`` is fine.
+    ``persistent_workers=True`` is fine. With ``decode="cuda"`` it decodes each batch on the GPU
+    as it hands it over (:class:`~shardstream.streaming.decoding.gpudecode.GpuDecode`), the next
+    batch enqueued while the training step runs; the state counts only batches handed over.
 
     Args:
         dataset: The dataset; it batches inside the workers (this loader uses
@@ -70,6 +72,8 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         batches: Iterator[Any] = super().__iter__()
         if self._stats is not None:
             batches = self._stats.watch(batches)
+        if self.dataset.gpu_decode is not None:  # decode="cuda": one batch ahead on the GPU
+            batches = self.dataset.gpu_decode.batches(batches)
         for item in batches:
             self._position.advance()
             yield item

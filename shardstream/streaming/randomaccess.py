@@ -22,6 +22,7 @@ from shardstream.catalog.shardlist import Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
 from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.decoding.gpudecode import GpuDecode
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.worker.reader import ReadSettings, ShardReader
 
@@ -57,6 +58,12 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         version: int | None = None,
     ) -> None:
         self.options = options or StreamOptions()
+        if isinstance(decode, GpuDecode) or (isinstance(decode, str) and decode.startswith("cuda")):
+            raise ConfigError(
+                f"RandomAccessDataset decodes where it is indexed (often in DataLoader workers, "
+                f"where CUDA cannot start), so decode={decode!r} is not taken: use decode='raw' "
+                "and decode the bytes on the GPU in the training process, or a CPU decode mode"
+            )
         _, self.shards, manifest = resolve_source(
             source, self.options.storage_options, self.options.read_options, version
         )

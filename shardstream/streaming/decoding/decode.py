@@ -14,6 +14,12 @@ from typing import Any
 
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.format import codecs
+from shardstream.streaming.decoding.encoded import (
+    CropDraw,
+    EncodedImage,
+    KeepEncoded,
+    crop_draw_for,
+)
 from shardstream.streaming.decoding.fastcrop import CropDecoder, crop_decoder_for
 from shardstream.streaming.decoding.images import decode_image, min_side_of
 
@@ -91,7 +97,8 @@ def _decode_one(
         return data
     try:
         if callable(decode):  # users' decoders get bytes; ours take the reader's buffer too
-            return decode(data if isinstance(decode, CropDecoder) else bytes(data), extension)
+            ours = isinstance(decode, (CropDecoder, CropDraw, KeepEncoded))
+            return decode(data if ours else bytes(data), extension)
         if decode not in DECODE_MODES:
             raise ConfigError(f"decode must be one of {DECODE_MODES} or a callable, got {decode!r}")
         return decode_image(data, extension, decode, min_side)
@@ -113,8 +120,13 @@ class SampleConverter:
     image is decoded (at reduced JPEG scale when the transform shrinks it anyway) and then
     transformed.
 
+    With a :class:`~.gpudecode.GpuDecode` as ``decode``, images are not decoded here: each
+    leaves as an :class:`~.encoded.EncodedImage` with its crop and flips drawn (when the
+    transform is recognised), for the device decoder in the training process.
+
     Args:
-        decode: ``"raw"``, ``"pil"``, ``"rgb8"`` or a callable ``f(bytes, extension)``.
+        decode: ``"raw"``, ``"pil"``, ``"rgb8"``, a callable ``f(bytes, extension)``, or a
+            :class:`~.gpudecode.GpuDecode` (resolved by the dataset).
         transform: Applied to each decoded image, or None.
         output: ``"pair"`` or ``"dict"``.
         allow_pickle: Unpickle ``.pyd``/``.pth`` members.
@@ -144,26 +156,41 @@ class SampleConverter:
         self._crop_decoder = (
             crop_decoder_for(transform, decode) if isinstance(decode, str) else None
         )
+        # Device decoding: hand images over encoded, their crops drawn here (also transforms).
+        self._encoder: CropDraw | KeepEncoded | None = None
+        if _is_device_decode(decode):
+            self._encoder = crop_draw_for(transform) or KeepEncoded()
         #: Loader statistics: an object with ``decode_s`` and ``transform_s`` float attributes
         #: to add to, set per reading process; None when statistics are off.
         self.clock: Any = None
 
     def __call__(self, sample: dict[str, Any]) -> Any:
-        decode = self._crop_decoder or self.decode  # the crop decoder also transforms
+        decode = self._encoder or self._crop_decoder or self.decode  # these also transform
         clock = self.clock
         started = time.perf_counter() if clock is not None else 0.0
         image, label, fields = split_sample(sample, decode, self._min_side, self.allow_pickle)
-        if isinstance(image, (bytearray, memoryview)) and not (
+        if isinstance(image, EncodedImage):  # packed into a batch, or bytes for one sample
+            data = image.data if self.batched else bytes(image.data)
+            key, url = str(sample.get("__key__", "?")), str(sample.get("__url__", "?"))
+            image = image._replace(data=data, key=key, url=url)
+        elif isinstance(image, (bytearray, memoryview)) and not (
             self.batched and self.transform is None
         ):
             image = bytes(image)  # raw images leave as bytes, except into a batch (packed)
         if clock is not None:
             decoded = time.perf_counter()
             clock.decode_s += decoded - started
-        if self.transform is not None and image is not None and self._crop_decoder is None:
+        transformed = self._crop_decoder is not None or self._encoder is not None
+        if self.transform is not None and image is not None and not transformed:
             image = self.transform(image)
             if clock is not None:
                 clock.transform_s += time.perf_counter() - decoded
         if self.output == "pair":
             return image, label
         return {**fields, "image": image, "label": label}
+
+
+def _is_device_decode(decode: Any) -> bool:
+    from shardstream.streaming.decoding.gpudecode import GpuDecode
+
+    return isinstance(decode, GpuDecode)

@@ -28,7 +28,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["decode_window", "is_available"]
+__all__ = ["decode_window", "is_available", "quiet_import"]
 
 #: libjpeg-turbo turns fancy (smooth) chroma upsampling off when a subsampled component is at
 #: most 2 samples wide, so a window only a few pixels wide would decode differently from the
@@ -103,7 +103,7 @@ def _create_decoder() -> _WindowDecoder | None:
     try:
         with _import_lock:
             if "nvidia.nvimgcodec" not in sys.modules:
-                with _quiet_import():
+                with quiet_import():
                     importlib.import_module("nvidia.nvimgcodec")
             return _WindowDecoder(importlib.import_module("nvidia.nvimgcodec"))
     except Exception:  # not installed, or its libraries fail to load: no crop-window decoding
@@ -111,7 +111,7 @@ def _create_decoder() -> _WindowDecoder | None:
 
 
 @contextlib.contextmanager
-def _quiet_import() -> Iterator[None]:
+def quiet_import() -> Iterator[None]:
     """Send fd 2 to /dev/null and set ``PYNVIMGCODEC_VERBOSITY=0`` for the duration."""
     key = "PYNVIMGCODEC_VERBOSITY"
     user_value = os.environ.get(key)

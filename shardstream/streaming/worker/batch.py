@@ -24,13 +24,21 @@ from typing import Any, cast
 
 import numpy as np
 
+from shardstream.streaming.decoding.encoded import EncodedBatch, EncodedImage
 from shardstream.streaming.decoding.images import writable_bytes
 from shardstream.streaming.worker import shmpool
 from shardstream.streaming.worker.inline import inline
 
 DEFAULT_BUFFERS = 6  # per worker: queued batches (prefetch 2), one in use, one being pinned
 
-__all__ = ["ByteViews", "collate_dicts", "collate_pairs", "pack_bytes", "stack_or_list"]
+__all__ = [
+    "ByteViews",
+    "collate_dicts",
+    "collate_encoded",
+    "collate_pairs",
+    "pack_bytes",
+    "stack_or_list",
+]
 
 
 class ByteViews(list):
@@ -102,6 +110,8 @@ def stack_or_list(
     import torch
 
     first = values[0] if values else None
+    if pack and isinstance(first, EncodedImage):
+        return collate_encoded(values, buffers, shared)
     if (
         pack
         and isinstance(first, (bytes, bytearray, memoryview))
@@ -115,6 +125,23 @@ def stack_or_list(
         out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, shared)
         return torch.stack(list(values), out=out)
     return list(values)
+
+
+def collate_encoded(
+    values: Sequence[EncodedImage], buffers: int = DEFAULT_BUFFERS, shared: bool = False
+) -> EncodedBatch:
+    """Encoded images (``decode="cuda"``) -> one :class:`~.encoded.EncodedBatch`: the bytes
+    packed into one flat buffer as for raw batches, the drawn parameters as one small table."""
+    import torch
+
+    params = torch.tensor([value.params for value in values], dtype=torch.int32)
+    return EncodedBatch(
+        images=pack_bytes([value.data for value in values], shared, buffers),
+        params=inline(params) if shared else params,
+        keys=[value.key for value in values],
+        urls=[value.url for value in values],
+        recipe=values[0].recipe,
+    )
 
 
 def collate_pairs(

@@ -1,0 +1,287 @@
+"""GpuDecode: decode, crop and normalise batches on the GPU, in the training process.
+
+``StreamingDataset(..., decode="cuda")`` (or ``decode=GpuDecode(...)``) makes the DataLoader
+workers hand over encoded images with their crops and flips already drawn (see
+:mod:`.encoded`); :class:`~shardstream.streaming.StreamingDataLoader` then decodes each batch
+on the GPU before handing it to the training step. A CUDA decoder cannot run in forked
+DataLoader workers, so it runs here, after the hand-off, on a stream of its own (see
+:mod:`.gpuorder`), one batch ahead of the training step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from shardstream.errors import ConfigError
+from shardstream.streaming.decoding import gpubackends
+from shardstream.streaming.decoding.encoded import EncodedBatch, EncodedImage
+from shardstream.streaming.decoding.gpubatch import decode_encoded
+from shardstream.streaming.decoding.gpuorder import Retirements, order_for
+
+__all__ = ["GpuDecode", "resolve_gpu_decode"]
+
+logger = logging.getLogger("shardstream.streaming")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuDecode:
+    """Decodes encoded batches on a GPU: decode, ``RandomResizedCrop``, flips, ``Normalize``.
+
+    Give it to a dataset as ``decode`` (``decode="cuda"`` is ``GpuDecode()``): workers then read
+    the image sizes from the headers and draw each crop and flip with the transform's own
+    parameters, on the same RNG and in the same order as the CPU path, and hand over the encoded
+    bytes. :class:`~shardstream.streaming.StreamingDataLoader` finishes each batch here; with
+    another loader, call ``ds.gpu_decode(batch)`` on each batch.
+
+    The transform is recognised as on the CPU fast path: a v2 ``Compose`` starting with bilinear
+    antialiased ``RandomResizedCrop``, then flips, ``ToImage``/``PILToTensor``, ``ToDtype`` to
+    float and ``Normalize``. Any other transform runs per image on the decoded GPU tensor (its
+    random draws then come from the training process); no transform yields each whole image.
+
+    Images that the device decoder rejects, and JPEGs without an end marker (truncated), are
+    decoded by Pillow on the CPU, whose verdict decides: a corrupt image raises a
+    ``DecodeError`` naming shard and key, or with ``on_error="skip"`` is left out of its batch
+    (the batch is shorter; labels follow) and counted in :meth:`stats`.
+
+    Without CUDA, a dataset given ``decode="cuda"`` decodes on the CPU in its DataLoader workers
+    instead (logged once), so the same code runs anywhere. ``device="cpu"`` runs this stage on
+    the CPU (for tests and comparison).
+
+    Attributes:
+        device: ``"cuda"`` (the current CUDA device when a batch is decoded), ``"cuda:N"`` or
+            ``"cpu"``.
+        backend: ``"auto"`` (nvImageCodec when installed with nvJPEG, else torchvision's
+            nvJPEG decoder), ``"nvimgcodec"``, ``"torchvision"`` or ``"cpu"``.
+        on_error: ``"raise"`` or ``"skip"``; None takes the dataset's.
+        max_images: Images decoded per decoder call: bounds the device memory of decoded,
+            not yet resized images (a batch is decoded in parts of this many).
+        num_threads: Host threads the decoder may use (None: 2).
+        transform: Set by the dataset: its transform.
+
+    Example:
+        >>> ds = StreamingDataset("shards/train", batch_size=256, transform=train_transform,
+        ...                       decode="cuda")  # doctest: +SKIP
+        >>> for images, labels in StreamingDataLoader(ds, num_workers=2):  # doctest: +SKIP
+        ...     loss = model(images).cross_entropy(labels)  # images: float32 on the GPU
+    """
+
+    device: str = "cuda"
+    backend: str = "auto"
+    on_error: str | None = None
+    max_images: int = 128
+    num_threads: int | None = None
+    transform: Any = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in gpubackends.BACKENDS:
+            raise ConfigError(
+                f"GpuDecode backend must be one of {gpubackends.BACKENDS}, got {self.backend!r}"
+            )
+        if self.on_error not in (None, "raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+        if self.max_images < 1:
+            raise ConfigError(f"max_images must be at least 1, got {self.max_images}")
+        if not str(self.device).startswith(("cuda", "cpu")):
+            raise ConfigError(
+                f"GpuDecode decodes on 'cuda', 'cuda:N' or 'cpu', not {self.device!r}"
+            )
+
+    def runs_here(self) -> bool:
+        """Whether this machine has the device (CUDA available, or ``"cpu"``)."""
+        import torch
+
+        return str(self.device).startswith("cpu") or torch.cuda.is_available()
+
+    def __call__(self, batch: Any) -> Any:
+        """Decode one batch (or single sample) as the loader hands it over; waits for nothing.
+
+        The result lives on the device; the current stream waits for it on the device, so it
+        can be used at once. Anything not encoded (a CPU-decoded batch) is returned unchanged.
+        """
+        return self._run().submit(batch).result()
+
+    def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Decode ``batches`` one ahead: batch ``i + 1`` is enqueued before ``i`` is handed out.
+
+        So the device decodes the next batch while the training step runs. A batch that fails
+        to decode raises after the batch before it was handed out.
+        """
+        run = self._run()
+        pending = None
+        for batch in batches:
+            try:
+                following = run.submit(batch)
+            except Exception:
+                if pending is not None and (value := pending.result()) is not None:
+                    yield value
+                raise
+            if pending is not None and (value := pending.result()) is not None:
+                yield value  # None: a single sample skipped as corrupt
+            pending = following
+        if pending is not None and (value := pending.result()) is not None:
+            yield value
+
+    def stats(self) -> dict[str, Any]:
+        """This process's counts: ``batches``, ``images`` decoded, ``pillow`` (decoded on the
+        CPU after the device decoder rejected them), ``skipped``, ``host_s`` (host time spent
+        enqueuing), and the ``backend`` used."""
+        run = self.__dict__.get("_device_run")
+        counts = dict(_ZERO_COUNTS) if run is None else dict(run.counts)
+        counts["backend"] = None if run is None else run.backend.name
+        return counts
+
+    def close(self) -> None:
+        """Wait for enqueued device work and release the decoder's memory (idempotent)."""
+        run = self.__dict__.get("_device_run")
+        if run is not None:
+            run.retired.release_all()
+
+    def _run(self) -> _DeviceRun:
+        # Streams and decoders are per process and not picklable: kept beside the frozen,
+        # picklable configuration, made again after a fork or an unpickling.
+        run = self.__dict__.get("_device_run")
+        if run is None or run.pid != os.getpid():
+            run = _DeviceRun(self)
+            object.__setattr__(self, "_device_run", run)
+        return run
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_device_run"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+_ZERO_COUNTS: dict[str, Any] = {"batches": 0, "images": 0, "pillow": 0, "skipped": 0, "host_s": 0.0}
+
+
+def resolve_gpu_decode(decode: Any, transform: Any, on_error: str) -> tuple[Any, GpuDecode | None]:
+    """``(what workers do, the stage that finishes batches)`` for a dataset's ``decode``.
+
+    ``"cuda"`` and :class:`GpuDecode` give ``(stage, stage)`` on a machine with the device;
+    without it, ``("rgb8", None)`` (the CPU path in the workers), logged once. Anything else is
+    returned as is, with no stage.
+    """
+    if isinstance(decode, str) and decode.startswith("cuda"):
+        decode = GpuDecode(device=decode)
+    if not isinstance(decode, GpuDecode):
+        return decode, None
+    if not decode.runs_here():
+        logger.warning(
+            "decode=%r: no CUDA device here, so images decode on the CPU in the DataLoader "
+            "workers (the same transform and random draws)",
+            decode.device,
+        )
+        return "rgb8", None
+    stage = dataclasses.replace(decode, transform=transform, on_error=decode.on_error or on_error)
+    return stage, stage
+
+
+class _Pending:
+    """A batch whose device work is enqueued: :meth:`result` hands it to the current stream."""
+
+    def __init__(self, order: Any, value: Any, tensors: list[Any], event: Any) -> None:
+        self.order, self.value, self.tensors, self.event = order, value, tensors, event
+
+    def result(self) -> Any:
+        if self.event is not None:
+            self.order.wait(self.event)
+            for tensor in self.tensors:
+                self.order.hand_over(tensor)
+        return self.value
+
+
+class _DeviceRun:
+    """One process's decoder, stream order and counters for one :class:`GpuDecode`."""
+
+    def __init__(self, owner: GpuDecode) -> None:
+        import torch
+
+        self.owner, self.pid = owner, os.getpid()
+        device = torch.device(owner.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        threads = owner.num_threads or gpubackends.default_threads()
+        self.backend = gpubackends.make_backend(owner.backend, device, threads)
+        self.order = order_for(device)
+        self.retired = Retirements(self.order)
+        self.constants: dict[Any, Any] = {}
+        self.counts: dict[str, Any] = dict(_ZERO_COUNTS)
+
+    def submit(self, batch: Any) -> _Pending:
+        """Enqueue the device work of one batch (or sample) as the loader hands it over."""
+        if isinstance(batch, (tuple, list)) and batch and _is_encoded(batch[0]):
+            parts = list(batch)
+        elif isinstance(batch, dict) and _is_encoded(batch.get("image")):
+            parts = [batch["image"], *(value for key, value in batch.items() if key != "image")]
+        elif _is_encoded(batch):
+            parts = [batch]
+        else:
+            return _Pending(self.order, batch, [], None)  # decoded on the CPU already
+        started = time.perf_counter()
+        with self.order.side():
+            images, kept, alive = decode_encoded(self, _as_batch(parts[0]))
+            rest = [self._cut(part, kept) for part in parts[1:]]
+            event = self.order.record()
+        self.retired.retire(event, [parts[0], *alive])
+        if isinstance(parts[0], EncodedImage):
+            images = images[0] if kept else None  # None: a skipped single sample
+        else:
+            self.counts["batches"] += 1
+        self.counts["host_s"] += time.perf_counter() - started
+        tensors = _tensors_in([images, *rest])
+        if isinstance(batch, dict):
+            value: Any = dict(zip([k for k in batch if k != "image"], rest, strict=True))
+            value["image"] = images
+        elif isinstance(batch, (tuple, list)):
+            value = type(batch)([images, *rest])
+        else:
+            value = images
+        return _Pending(self.order, value, tensors, event)
+
+    def _cut(self, part: Any, kept: list[int]) -> Any:
+        """A per-image tensor (labels) cut to the kept images and moved to the device."""
+        import torch
+
+        if not isinstance(part, torch.Tensor) or part.dim() == 0:
+            return part
+        if len(kept) != len(part):
+            part = part[torch.as_tensor(kept, dtype=torch.int64)]
+        if self.device.type == "cuda":
+            part = part.pin_memory().to(self.device, non_blocking=True)
+        return part
+
+
+def _is_encoded(value: Any) -> bool:
+    return isinstance(value, (EncodedBatch, EncodedImage))
+
+
+def _tensors_in(values: list[Any]) -> list[Any]:
+    """The tensors among ``values`` and in lists of them (a batch of differently sized images)."""
+    import torch
+
+    found = []
+    for value in values:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+    return found
+
+
+def _as_batch(encoded: Any) -> EncodedBatch:
+    """An :class:`EncodedBatch` of one :class:`EncodedImage` (unbatched datasets)."""
+    if isinstance(encoded, EncodedBatch):
+        return encoded
+    import torch
+
+    data = encoded.data
+    if not isinstance(data, torch.Tensor):
+        data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    params = torch.tensor([encoded.params], dtype=torch.int32)
+    return EncodedBatch([data], params, [encoded.key], [encoded.url], encoded.recipe)

@@ -1,0 +1,132 @@
+"""GpuDecode on a CUDA GPU: pixels against the CPU stage, stream ordering under a busy step.
+
+These need a CUDA device and are skipped without one (the CPU half, which tests everything but
+the kernels, is ``test_gpu_decode.py``). Run on a GPU machine with
+``python -m pytest tests/streaming/test_gpu_decode_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import io
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision.transforms import v2
+
+from shardstream import build_shards
+from shardstream.errors import DecodeError
+from shardstream.streaming import StreamingDataLoader, StreamingDataset
+from shardstream.streaming.decoding.encoded import EncodedBatch, crop_draw_for
+from shardstream.streaming.decoding.gpudecode import GpuDecode
+from tests.conftest import write_image_folder
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+BACKENDS = ["nvimgcodec", "torchvision"]
+
+
+def _photo(width: int, height: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    waves = [
+        np.sin(x / width * rng.uniform(2, 9) + rng.uniform(0, 6)) * np.cos(y / 50) for _ in "rgb"
+    ]
+    noise = rng.normal(0, 6, size=(height, width, 3))
+    pixels = (128 + 100 * np.stack(waves, axis=-1) + noise).clip(0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def _batch(count: int, size: int = 224, seed: int = 0) -> EncodedBatch:
+    transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
+    draw = crop_draw_for(transform)
+    assert draw is not None
+    rng = np.random.default_rng(seed)
+    blobs = [
+        _photo(int(rng.integers(200, 640)), int(rng.integers(160, 480)), seed * 1000 + i)
+        for i in range(count)
+    ]
+    torch.manual_seed(seed)
+    rows = [draw(blob, "jpg").params for blob in blobs]
+    views = [torch.frombuffer(bytearray(blob), dtype=torch.uint8) for blob in blobs]
+    keys = [f"k{i}" for i in range(count)]
+    params = torch.tensor(rows, dtype=torch.int32)
+    return EncodedBatch(views, params, keys, ["shard.tar"] * count, draw.recipe)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_pixels_close_to_the_cpu_stage(backend: str) -> None:
+    batch = _batch(48)
+    got = GpuDecode(backend=backend)(batch)
+    assert got.is_cuda and got.dtype == torch.uint8 and got.shape == (48, 3, 224, 224)
+    want = GpuDecode(device="cpu")(batch)
+    diff = (got.cpu().int() - want.int()).abs().float()
+    # nvJPEG's IDCT differs from libjpeg-turbo's by a level or two; the crops are the same.
+    assert diff.mean() < 1.0, f"mean |d| {diff.mean():.3f}"
+    assert torch.quantile(diff.flatten()[:1_000_000], 0.999) <= 8
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_ahead_equal_synchronous_decodes_under_a_busy_step(backend: str) -> None:
+    """The training step's stream is kept busy and overwrites each batch after reading it: any
+    missing wait or allocator reuse across streams shows up as different pixels."""
+    batches = [_batch(32, size=128, seed=seed) for seed in range(6)]
+    reference = [GpuDecode(backend=backend)(batch).clone() for batch in batches]
+    torch.cuda.synchronize()
+    stage = GpuDecode(backend=backend)
+    weights = torch.randn(4096, 4096, device="cuda")
+    sums = []
+    for images in stage.batches(batches):
+        for _ in range(8):  # a slow step on the current stream
+            weights = torch.tanh(weights @ weights * 1e-3)
+        sums.append(images.float().sum(dim=(1, 2, 3)))
+        images.zero_()  # the step is done with them; their memory may now be reused
+    torch.cuda.synchronize()
+    for got, want in zip(sums, reference, strict=True):
+        assert torch.equal(got, want.float().sum(dim=(1, 2, 3)))
+    stage.close()
+
+
+def test_corrupt_images_on_the_gpu_follow_the_cpu_rules() -> None:
+    batch = _batch(8)
+    cut = batch.images[3][: len(batch.images[3]) // 2].clone()
+    batch.images[3] = cut
+    with pytest.raises(DecodeError, match="key 'k3'"):
+        GpuDecode()(batch)
+    stage = GpuDecode(on_error="skip")
+    images = stage(batch)
+    assert images.shape[0] == 7 and stage.stats()["skipped"] == 1
+
+
+def test_loader_end_to_end_on_the_gpu(tmp_path: pathlib.Path) -> None:
+    write_image_folder(tmp_path / "img", num_classes=4, per_class=25, size=(160, 120), png_every=5)
+    build_shards(tmp_path / "img", tmp_path / "ds", max_samples_per_shard=16)
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(64, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5] * 3, [0.25] * 3),
+        ]
+    )
+    datasets = {
+        decode: StreamingDataset(
+            tmp_path / "ds", batch_size=16, transform=transform, seed=4, decode=decode
+        )
+        for decode in ("cuda", "rgb8")
+    }
+    runs = {}
+    for decode, dataset in datasets.items():
+        torch.manual_seed(0)
+        runs[decode] = list(StreamingDataLoader(dataset, num_workers=2))
+    assert len(runs["cuda"]) == len(runs["rgb8"]) == 7
+    for (images, labels), (want, want_labels) in zip(runs["cuda"], runs["rgb8"], strict=True):
+        assert images.is_cuda and labels.is_cuda
+        assert torch.equal(labels.cpu(), want_labels)
+        assert (images.cpu() - want).abs().mean() < 4 / 255 / 0.25
+    stats = datasets["cuda"].gpu_decode.stats()  # type: ignore[union-attr]
+    assert stats["images"] == 100 and stats["pillow"] == 20  # the PNGs
