@@ -251,6 +251,47 @@ class _RejectsOdd(HostBackend):
         return [None if i % 2 else image for i, image in enumerate(decoded)]
 
 
+def test_skipped_images_leave_dict_batches_consistent(tmp_path: pathlib.Path) -> None:
+    root = _corrupt_dataset(tmp_path)
+    dataset = StreamingDataset(
+        root,
+        batch_size=16,
+        shuffle=False,
+        transform=_crop_flip(),
+        decode=GpuDecode(device="cpu"),
+        on_error="skip",
+        options=StreamOptions(output="dict"),
+    )
+    (batch,) = list(StreamingDataLoader(dataset, num_workers=1))
+    kept = [f"s{i:02d}" for i in range(16) if i not in (5, 11)]
+    assert batch["__key__"] == kept and batch["label"].tolist() == [int(k[1:]) for k in kept]
+    assert batch["image"].shape[0] == 14
+
+
+def test_work_enqueued_before_an_error_keeps_its_buffers(tmp_path: pathlib.Path) -> None:
+    """A corrupt image raising halfway through a batch: the parts already enqueued still
+    read the decoder's buffers, so they are retired with an event, not dropped."""
+
+    class Busy(HostOrder):
+        def done(self, event: int) -> bool:
+            return False  # the device has not finished anything yet
+
+    root = _corrupt_dataset(tmp_path)
+    dataset = StreamingDataset(
+        root, batch_size=16, shuffle=False, transform=_crop_flip(), decode=GpuDecode(device="cpu")
+    )
+    stage = dataset.gpu_decode
+    assert stage is not None
+    run = stage._run()
+    run.order = Busy()
+    run.retired = Retirements(run.order)
+    raw = next(iter(torch.utils.data.DataLoader(dataset, batch_size=None)))
+    with pytest.raises(DecodeError):
+        stage(raw)
+    assert len(run.retired) >= 2  # the encoded batch and its bytes, until the event completes
+    assert ("record", 1) in run.order.log
+
+
 def test_device_decoder_rejections_fall_back_to_pillow() -> None:
     torch.manual_seed(2)
     blobs = [_photo(120, 90, seed) for seed in range(6)]

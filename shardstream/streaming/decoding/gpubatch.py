@@ -48,17 +48,18 @@ def truncated_jpegs(arrays: list[np.ndarray]) -> set[int]:
     return found
 
 
-def decode_encoded(run: Any, batch: EncodedBatch) -> tuple[Any, list[int], list[Any]]:
+def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any, list[int]]:
     """Decode, crop and finish ``batch`` on ``run``'s device, enqueued on the current stream.
 
     Args:
         run: The stage's per-process run (backend, order, counters, owner settings).
         batch: The encoded batch.
+        alive: Filled with the objects that own memory the enqueued work still reads (also
+            when this raises halfway), for the caller to keep until that work is done.
 
     Returns:
-        ``(images, kept, alive)``: the finished images (a tensor, or a list when their shapes
-        differ), the indexes of the images kept (all but skipped ones), and objects that own
-        device memory the enqueued work still reads.
+        ``(images, kept)``: the finished images (a tensor, or a list when their shapes
+        differ), and the indexes of the images kept (all but skipped ones).
 
     Raises:
         DecodeError: An image is corrupt (``on_error="raise"``), or every image of a batch of
@@ -71,7 +72,7 @@ def decode_encoded(run: Any, batch: EncodedBatch) -> tuple[Any, list[int], list[
     out = empty_batch(len(batch), recipe, run.device) if recipe is not None else None
     whole: list[Any] = []
     kept: list[int] = []
-    alive: list[Any] = [arrays]
+    alive.append(arrays)
     for start in range(0, len(batch), owner.max_images):
         part = range(start, min(len(batch), start + owner.max_images))
         todo = [i for i in part if i not in truncated]
@@ -96,8 +97,8 @@ def decode_encoded(run: Any, batch: EncodedBatch) -> tuple[Any, list[int], list[
             "batch cannot be collated. Check the shards with `shardstream verify`."
         )
     if out is not None and recipe is not None:
-        return finish_batch(out[: len(kept)], rows[kept], recipe, run.constants), kept, alive
-    return _stack(whole), kept, alive
+        return finish_batch(out[: len(kept)], rows[kept], recipe, run.constants), kept
+    return _stack(whole), kept
 
 
 def _fits(image: Any, row: np.ndarray) -> bool:

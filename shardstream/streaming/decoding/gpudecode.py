@@ -225,11 +225,16 @@ class _DeviceRun:
         else:
             return _Pending(self.order, batch, [], None)  # decoded on the CPU already
         started = time.perf_counter()
-        with self.order.side():
-            images, kept, alive = decode_encoded(self, _as_batch(parts[0]))
-            rest = [self._cut(part, kept) for part in parts[1:]]
-            event = self.order.record()
-        self.retired.retire(event, [parts[0], *alive])
+        encoded = _as_batch(parts[0])
+        alive: list[Any] = [parts[0]]  # read by enqueued work: kept until its event completes
+        try:
+            with self.order.side():
+                images, kept = decode_encoded(self, encoded, alive)
+                rest = [self._cut(part, kept, len(encoded)) for part in parts[1:]]
+        finally:  # also when a corrupt image raises halfway: earlier parts are enqueued
+            with self.order.side():
+                event = self.order.record()
+            self.retired.retire(event, alive)
         if isinstance(parts[0], EncodedImage):
             images = images[0] if kept else None  # None: a skipped single sample
         else:
@@ -245,13 +250,16 @@ class _DeviceRun:
             value = images
         return _Pending(self.order, value, tensors, event)
 
-    def _cut(self, part: Any, kept: list[int]) -> Any:
-        """A per-image tensor (labels) cut to the kept images and moved to the device."""
+    def _cut(self, part: Any, kept: list[int], count: int) -> Any:
+        """A batch's other field cut to the kept images: a per-image tensor (labels) is also
+        moved to the device, a per-image list (keys) cut; anything else is left as it is."""
         import torch
 
-        if not isinstance(part, torch.Tensor) or part.dim() == 0:
+        if isinstance(part, list) and len(part) == count:
+            return part if len(kept) == count else [part[i] for i in kept]
+        if not isinstance(part, torch.Tensor) or part.dim() == 0 or len(part) != count:
             return part
-        if len(kept) != len(part):
+        if len(kept) != count:
             part = part[torch.as_tensor(kept, dtype=torch.int64)]
         if self.device.type == "cuda":
             part = part.pin_memory().to(self.device, non_blocking=True)
