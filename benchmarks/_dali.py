@@ -74,7 +74,11 @@ def write_dali_indexes(shards: Path, index_dir: Path) -> tuple[list[str], list[s
     return [str(t) for t in tars], [str(i) for i in indexes]
 
 
-def build_pipeline(tars: list[str], indexes: list[str], batch: int, threads: int) -> Any:
+def build_pipeline(
+    tars: list[str], indexes: list[str], batch: int, threads: int, gpu: bool = False
+) -> Any:
+    """The train pipeline on the CPU, or with ``gpu`` on GPU 0: the mixed (nvJPEG) decoder
+    with its random crop, then GPU resize and crop-mirror-normalize (``benchmarks/gpu.py``)."""
     from nvidia.dali import fn, pipeline_def, types
 
     @pipeline_def
@@ -90,7 +94,7 @@ def build_pipeline(tars: list[str], indexes: list[str], batch: int, threads: int
         )
         images = fn.decoders.image_random_crop(
             jpegs,
-            device="cpu",
+            device="mixed" if gpu else "cpu",
             output_type=types.RGB,
             random_area=[0.08, 1.0],
             random_aspect_ratio=[3 / 4, 4 / 3],
@@ -107,9 +111,11 @@ def build_pipeline(tars: list[str], indexes: list[str], batch: int, threads: int
             std=[255 * s for s in STD],
             mirror=fn.random.coin_flip(probability=0.5),
         )
+        if gpu:  # ".cls" text of 1-3 digits, padded so DALI's PyTorch iterator gets one tensor
+            labels = fn.pad(labels, axes=[0], shape=[8], fill_value=0)
         return images, labels
 
-    pipe = train(batch_size=batch, num_threads=threads, device_id=None, seed=0)
+    pipe = train(batch_size=batch, num_threads=threads, device_id=0 if gpu else None, seed=0)
     pipe.build()
     return pipe
 

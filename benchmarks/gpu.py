@@ -35,10 +35,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _dali import dali_version, write_dali_indexes
+from _dali import build_pipeline, dali_version, write_dali_indexes
 from _data import DATA_ROOT, imagenet_like
+from load import transform_for
 
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 BATCH = 256
 ROWS = {
     "cpu": "shardstream CPU",
@@ -46,21 +46,6 @@ ROWS = {
     "gpu-torchvision": "shardstream GPU (torchvision)",
     "dali": "DALI GPU",
 }
-
-
-def train_transform():  # type: ignore[no-untyped-def]
-    import torch
-    from torchvision.transforms import v2
-
-    return v2.Compose(
-        [
-            v2.RandomResizedCrop(224, antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.PILToTensor(),
-            v2.ToDtype(torch.float32, scale=True),
-            v2.Normalize(MEAN, STD),
-        ]
-    )
 
 
 def shardstream_batches(row: str, paths: dict, workers: int):  # type: ignore[no-untyped-def]
@@ -71,7 +56,7 @@ def shardstream_batches(row: str, paths: dict, workers: int):  # type: ignore[no
 
     decode = {"cpu": "pil", "gpu": "cuda", "gpu-torchvision": GpuDecode(backend="torchvision")}
     ds = StreamingDataset(
-        paths["shards"], batch_size=BATCH, transform=train_transform(), decode=decode[row]
+        paths["shards"], batch_size=BATCH, transform=transform_for("train"), decode=decode[row]
     )
     loader = StreamingDataLoader(
         ds, num_workers=workers, persistent_workers=workers > 0, pin_memory=row == "cpu"
@@ -88,44 +73,11 @@ def shardstream_batches(row: str, paths: dict, workers: int):  # type: ignore[no
 
 
 def dali_batches(paths: dict, workers: int):  # type: ignore[no-untyped-def]
-    from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    @pipeline_def
-    def train():  # type: ignore[no-untyped-def]
-        jpegs, labels = fn.readers.webdataset(
-            paths=paths["dali_tars"],
-            index_paths=paths["dali_indexes"],
-            ext=["jpg", "cls"],
-            missing_component_behavior="error",
-            random_shuffle=True,
-            initial_fill=1000,
-            name="Reader",
-        )
-        images = fn.decoders.image_random_crop(
-            jpegs,
-            device="mixed",
-            output_type=types.RGB,
-            random_area=[0.08, 1.0],
-            random_aspect_ratio=[3 / 4, 4 / 3],
-            num_attempts=10,
-        )
-        images = fn.resize(
-            images, resize_x=224, resize_y=224, interp_type=types.INTERP_LINEAR, antialias=True
-        )
-        images = fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT,
-            output_layout="CHW",
-            mean=[255 * m for m in MEAN],
-            std=[255 * s for s in STD],
-            mirror=fn.random.coin_flip(probability=0.5),
-        )
-        # ".cls" is text of 1-3 digits: padded to 8 bytes, so the iterator gets one tensor.
-        return images, fn.pad(labels, axes=[0], shape=[8], fill_value=0)
-
-    pipe = train(batch_size=BATCH, num_threads=max(1, workers), device_id=0, seed=0)
-    pipe.build()
+    pipe = build_pipeline(
+        paths["dali_tars"], paths["dali_indexes"], BATCH, max(1, workers), gpu=True
+    )
     loader = DALIGenericIterator(
         pipe, ["images", "labels"], reader_name="Reader", last_batch_policy=LastBatchPolicy.PARTIAL
     )
