@@ -83,7 +83,8 @@ def decode_index(
     """Parse an index file; ``url`` names it in errors; the manifest's counts are checked if given.
 
     Every offset must be a 512-byte tar block boundary and larger than the one before (a
-    sample takes at least one block), and the samples must end before the shard's
+    sample takes at least one block; the first need not be 0, since entries that belong to no
+    sample, such as GNU tar's leading directory entry, may come before it), and the samples must end before the shard's
     end-of-archive blocks, so an index that belongs to another shard or build is refused rather
     than used to read wrong bytes.
 
@@ -115,7 +116,8 @@ def decode_index(
 def _check_offsets(
     values: np.ndarray, url: str, num_samples: int | None, num_bytes: int | None
 ) -> None:
-    if values[0] != 0 or np.any(values % BLOCK) or np.any(np.diff(values) == 0):
+    # The first sample may start after other entries (GNU tar's leading directory entry).
+    if np.any(values % BLOCK) or np.any(np.diff(values) == 0):
         raise ShardFormatError(f"{url}: index offsets are not increasing tar block boundaries")
     if np.any(values[1:] < values[:-1]):
         raise ShardFormatError(f"{url}: index offsets go backwards; the index is corrupt")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -16,7 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import webdataset as wds
 
-from shardstream import ConfigError, SourceError, index_shards, read_manifest
+from shardstream import ConfigError, RandomAccessDataset, SourceError, index_shards, read_manifest
+from shardstream.cli import main as cli_main
 from shardstream.format.verify import verify_dataset
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.ddp import exit_rank_cleanly
@@ -87,6 +89,32 @@ def test_gnu_tar_shards_index_when_sorted_and_are_refused_with_the_fix_when_not(
     assert manifest.num_samples == 15
     assert all(shard.num_bytes % 10240 == 0 for shard in manifest.shards)  # GNU tar padding
     assert sorted(_keys(shards)) == [f"d/k{i:03d}" for i in range(15)]
+
+
+@pytest.mark.parametrize("what", ["folder", "dot"])
+def test_gnu_tar_shards_starting_with_a_directory_entry_verify_and_read_by_index(
+    tmp_path: pathlib.Path, what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # `tar -cf c0.tar c0` and `tar --sort=name -cf c0.tar .` both begin with a directory
+    # entry: the first sample starts at byte 512, and the index says so.
+    shards = tmp_path / "shards"
+    source = _tar_shards(tmp_path / "src", "--sort=name")
+    shards.mkdir()
+    for shard in range(3):
+        folder = source / f"src{shard}" / "d"
+        names = ["d"] if what == "folder" else ["."]
+        workdir = folder.parent if what == "folder" else folder
+        subprocess.run(["tar", "--sort=name", "-cf", str(shards / f"c{shard}.tar"), "-C",
+                        str(workdir), *names], check=True)  # fmt: skip
+    manifest = index_shards(shards)
+    assert verify_dataset(shards).num_samples == manifest.num_samples == 15
+    assert cli_main(["verify", str(shards)]) == 0
+    with caplog.at_level(logging.WARNING, logger="shardstream"):
+        keys = [sample["__key__"] for sample in StreamingDataset(
+            shards, decode="raw", options=StreamOptions(output="dict"))]  # fmt: skip
+        ranked = RandomAccessDataset(shards, decode="raw")
+        assert ranked[7][1] == 7 % 2
+    assert len(keys) == 15 and not caplog.records, [r.getMessage() for r in caplog.records]
 
 
 def test_index_into_dest_leaves_a_read_only_source_alone(tmp_path: pathlib.Path) -> None:
