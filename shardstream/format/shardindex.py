@@ -84,9 +84,9 @@ def decode_index(
 
     Every offset must be a 512-byte tar block boundary and larger than the one before (a
     sample takes at least one block; the first need not be 0, since entries that belong to no
-    sample, such as GNU tar's leading directory entry, may come before it), and the samples must end before the shard's
-    end-of-archive blocks, so an index that belongs to another shard or build is refused rather
-    than used to read wrong bytes.
+    sample, such as GNU tar's leading directory entry, may come before it), and the samples
+    must end before the shard's end-of-archive blocks, so an index that belongs to another
+    shard or build is refused rather than used to read wrong bytes.
 
     Raises:
         ShardFormatError: Wrong magic or version, a torn file, offsets out of order or off the
