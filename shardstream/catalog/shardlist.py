@@ -7,13 +7,17 @@ access and mixtures call it, and views, ``inspect`` and ``verify`` call :func:`r
 - a dataset folder or URL prefix holding ``manifest.json`` (or, for ``index``, any folder of
   ``.tar``/``.tar.gz``/``.tgz`` shards: its files are listed, sorted);
 - a manifest file (``DATASET/manifest.json``, or a version's ``manifest.v000002.json``);
-- a shard URL or brace pattern, ``"s3://b/train-{000000..001023}.tar"``;
-- a ``.txt`` file of shard URLs, one a line (blank lines and ``#`` comments skipped; entries
-  are used as written, so relative ones are relative to the working directory);
+- a shard URL, brace pattern or glob, ``"s3://b/train-{000000..001023}.tar"``,
+  ``"ds/*.tar"`` (a glob is expanded by its filesystem, sorted, keeping shard files);
+- a ``.txt`` file of shard URLs, one a line (blank lines and ``#`` comments skipped; a
+  relative entry is relative to the list's folder);
 - a Python list of shard URLs.
 
 Any fsspec URL works (local paths, ``s3://``, ``memory://``); the shards of one source must be
-on one filesystem.
+on one filesystem. Local shards that a pattern or list names are checked when the source is
+resolved (one listing per folder), so a missing one is refused before any epoch; a missing
+remote shard is named when a reader first opens it (checking a million objects would cost a
+request each).
 """
 
 from __future__ import annotations
@@ -22,10 +26,15 @@ import dataclasses
 import os
 from collections.abc import Sequence
 
-import braceexpand
 import numpy as np
 
 from shardstream.catalog.facts import DatasetFacts
+from shardstream.catalog.shardurls import (
+    SHARD_URL_SUFFIXES,
+    expand_pattern,
+    read_url_list,
+    refuse_missing,
+)
 from shardstream.catalog.versions import read_version
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
@@ -33,6 +42,7 @@ from shardstream.format.roots import root_store, view_selection
 from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
 from shardstream.storage import ReadOptions, StorageOptions, Store
+from shardstream.storage.patterns import has_glob
 
 __all__ = [
     "SHARD_SUFFIXES",
@@ -47,8 +57,6 @@ __all__ = [
 
 #: Files a folder's listing takes as shards.
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-#: Names that are one shard's URL (not a folder), with ``.tar.zst`` read by the streaming side.
-_URL_SUFFIXES = (*SHARD_SUFFIXES, ".tar.zst")
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
@@ -170,8 +178,9 @@ def resolve_source(
 
     Args:
         source: A dataset folder or URL prefix holding ``manifest.json``; a manifest file; a
-            shard URL or brace pattern such as ``"s3://b/train-{000000..001023}.tar"``; a
-            ``.txt`` file of shard URLs, one a line; or a list of shard URLs.
+            shard URL, brace pattern or glob such as ``"s3://b/train-{000000..001023}.tar"``
+            or ``"ds/*.tar"``; a ``.txt`` file of shard URLs, one a line (relative ones
+            relative to its folder); or a list of shard URLs.
         storage_options: fsspec options (credentials, endpoint) for remote URLs.
         read_options: Retries, read-ahead and cache for reading the shards.
         version: The dataset version to read (None: the newest); for datasets with a manifest.
@@ -184,7 +193,9 @@ def resolve_source(
 
     Raises:
         ManifestNotFoundError: A folder without ``manifest.json``, or without ``version``.
-        ConfigError: The source names no shards, or shards on different storage.
+        ConfigError: The source names no shards (a glob that matches none), or shards on
+            different storage.
+        ShardNotFoundError: A local shard that the pattern or list names does not exist.
 
     Example:
         >>> store, shards, _ = resolve_source("d/train-{0..1}.tar")
@@ -193,10 +204,10 @@ def resolve_source(
     """
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
-        if "{" in text or text.endswith(_URL_SUFFIXES):
-            urls = list(braceexpand.braceexpand(text))
+        if "{" in text or text.endswith(SHARD_URL_SUFFIXES) or has_glob(text):
+            urls = expand_pattern(text, storage_options)
         elif text.endswith(".txt"):
-            urls = _read_url_list(Store(text, storage_options))
+            urls = read_url_list(text, storage_options)
         elif list_folder and not text.endswith(".json"):
             return _list_folder(Store(text, storage_options, read_options))
         else:
@@ -210,14 +221,9 @@ def resolve_source(
         raise ConfigError(f"{source!r}: version={version} needs a dataset folder with a manifest")
     if not urls:
         raise ConfigError(f"{source!r} names no shards; pass a folder, a pattern or a URL list")
+    refuse_missing(urls, source)
     store, names = Store.for_urls(urls, storage_options, read_options)
     return store, ShardList([ShardSource(store, store, NameColumn.of(names))]), None
-
-
-def _read_url_list(listing: Store) -> list[str]:
-    """The shard URLs of a ``.txt`` file: one a line, blank lines and ``#`` comments skipped."""
-    lines = (line.strip() for line in listing.read_bytes("").decode("utf-8").splitlines())
-    return [line for line in lines if line and not line.startswith("#")]
 
 
 def _split_file(text: str) -> tuple[str, str]:
@@ -248,7 +254,7 @@ def read_dataset(
     if not isinstance(source, (str, os.PathLike)):
         raise _no_manifest(f"a list of {len(source)} shard URLs")
     text = os.fspath(source)
-    if "{" in text or text.endswith((*_URL_SUFFIXES, ".txt")):
+    if "{" in text or text.endswith((*SHARD_URL_SUFFIXES, ".txt")):
         raise _no_manifest(text)
     folder, name = _split_file(text) if text.endswith(".json") else (text, MANIFEST_NAME)
     store = Store(folder, storage_options, read_options)

@@ -12,6 +12,7 @@ and the reader name files relative to it. Behind it, each file does one job:
 - ``cache.py``: the local shard cache shared by DataLoader workers;
 - ``limits.py``: how many files a process may keep open;
 - ``lock.py``: one writer per local destination (an ``flock`` a killed run cannot leave stale);
+- ``patterns.py``: shard URLs as written: globs expanded, list entries resolved, missing files;
 - ``redact.py``: keeping credentials out of every message.
 """
 

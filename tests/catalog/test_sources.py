@@ -1,11 +1,12 @@
 """Every source form at every entry point: one ``resolve_source`` behind all of them.
 
-The forms: a dataset folder, its ``manifest.json``, a brace pattern, a Python list of shard
-URLs and a ``.txt`` file of URLs (with a comment and a blank line), each on local disk and on
-``memory://``. The entry points: ``resolve_source`` itself, ``StreamingDataset``,
-``RandomAccessDataset``, ``index_shards`` (and ``shardstream index``), ``make_view`` and
-``shardstream inspect`` / ``verify``. Forms without a manifest cannot give what needs one
-(positions, views, a manifest to inspect): those are refused with the fix.
+The forms: a dataset folder, its ``manifest.json``, a brace pattern, a glob, a Python list of
+shard URLs, a ``.txt`` file of URLs (with a comment and a blank line) and one of entries
+relative to its own folder, each on local disk and on ``memory://``. The entry points:
+``resolve_source`` itself, ``StreamingDataset``, ``RandomAccessDataset``, ``index_shards``
+(and ``shardstream index``), ``make_view`` and ``shardstream inspect`` / ``verify``. Forms
+without a manifest cannot give what needs one (positions, views, a manifest to inspect): those
+are refused with the fix.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 
 from shardstream.catalog import index_shards, make_view, resolve_source
 from shardstream.cli import main
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, ShardNotFoundError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import (
     RandomAccessDataset,
@@ -34,7 +35,7 @@ NUM, PER_SHARD = 12, 4
 NAMES = [f"shard-{number:06d}.tar" for number in range(NUM // PER_SHARD)]
 KEYS = [sample["__key__"] for sample in make_samples(NUM)]
 WITH_MANIFEST = ("folder", "manifest")
-FORMS = (*WITH_MANIFEST, "pattern", "list", "txt")
+FORMS = (*WITH_MANIFEST, "pattern", "glob", "list", "txt", "relative-txt")
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -58,8 +59,15 @@ def _source(form: str, root: str) -> Any:
         return f"{root}/manifest.json"
     if form == "pattern":
         return f"{root}/shard-{{000000..{len(NAMES) - 1:06d}}}.tar"
+    if form == "glob":
+        return f"{root}/shard-*.tar"
     if form == "list":
         return urls
+    if form == "relative-txt":  # entries relative to the list's folder, not the working one
+        listing = f"{root}/lists/relative.txt"
+        with fsspec.open(listing, "w", auto_mkdir=True) as stream:
+            stream.write("\n".join(f"../{name}" for name in NAMES) + "\n")
+        return listing
     listing = f"{root}/shards.txt"
     with fsspec.open(listing, "w") as stream:
         stream.write("# the shards, one a line\n\n" + "\n".join(f"  {url}" for url in urls) + "\n")
@@ -145,3 +153,32 @@ def test_cli_inspect_and_verify_read_a_dataset_or_say_to_index(
     assert code == 0
     expected = f"samples:  {NUM}" if command == "inspect" else f"OK, {len(NAMES)} shards"
     assert expected in captured.out
+
+
+def test_a_missing_local_shard_is_refused_when_the_dataset_is_made(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "data"
+    build_shards(make_samples(NUM), root, max_samples_per_shard=PER_SHARD)
+    with pytest.raises(ShardNotFoundError, match=r"1 of the 4 shards that .*shard-000003\.tar"):
+        StreamingDataset(f"{root}/shard-{{000000..000003}}.tar")
+    # Many names in one folder: listed once, not checked name by name.
+    with pytest.raises(ShardNotFoundError, match=r"97 of the 100 shards .* such as .*000003"):
+        resolve_source(f"{root}/shard-{{000000..000099}}.tar")
+    listing = tmp_path / "lists" / "train.txt"
+    listing.parent.mkdir()
+    listing.write_text("../data/shard-000000.tar\n../data/shard-000009.tar\n")
+    with pytest.raises(ShardNotFoundError, match=r"'.*/data/shard-000009\.tar'"):
+        StreamingDataset(listing)
+    with pytest.raises(ConfigError, match=r"the shard list does not exist"):
+        StreamingDataset(tmp_path / "lists" / "other.txt")
+
+
+def test_a_glob_is_expanded_sorted_and_one_that_matches_nothing_shows_the_brace_form(
+    tmp_path: pathlib.Path,
+) -> None:
+    root = tmp_path / "data"
+    build_shards(make_samples(NUM), root, max_samples_per_shard=PER_SHARD)
+    (root / "notes.txt").write_text("not a shard")
+    _, shards, _ = resolve_source(f"{root}/*")  # the folder's other files are not shards
+    assert shards.names() == NAMES
+    with pytest.raises(ConfigError, match=r"matches no .tar.*brace pattern such as"):
+        StreamingDataset(f"{root}/train-*.tar")
