@@ -39,6 +39,10 @@ def add_bench(subparsers: Any) -> None:
         help="with --shuffle: split the epoch over N ranks and read rank 0",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="with --shuffle: the loader's seed")
+    parser.add_argument(
+        "--on-error", choices=("raise", "skip"), default="raise",
+        help="stop at a missing or broken shard or sample, or skip and count it (default: raise)",
+    )  # fmt: skip
     add_common(parser, _run_bench)
 
 
@@ -51,7 +55,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
         mix = MixCheckOptions(
             workers=args.workers, batch_size=args.batch_size, world_size=args.ranks,
-            batches=args.batches, label=args.label, seed=args.seed,
+            batches=args.batches, label=args.label, seed=args.seed, on_error=args.on_error,
         )  # fmt: skip
         title = (f"{args.dataset}: batches of {args.batch_size}, {args.workers} workers, "
                  f"rank 0 of {args.ranks}, seed {args.seed}")  # fmt: skip
@@ -61,7 +65,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     options = BenchOptions(
         workers=args.workers, batch_size=args.batch_size, mode=args.mode,
-        batches=args.batches, seconds=args.seconds,
+        batches=args.batches, seconds=args.seconds, on_error=args.on_error,
     )  # fmt: skip
     title = f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}"
     return _report(args, lambda progress: run_bench(

@@ -124,7 +124,8 @@ def _check_offsets(
     if num_samples is not None and len(values) != num_samples + 1:
         raise ShardFormatError(
             f"{url}: index lists {len(values) - 1} samples, the manifest {num_samples}; "
-            "rebuild the dataset or run `shardstream verify`"
+            f"readers read the manifest's {num_samples} (epochs follow it): run `shardstream "
+            "verify`, then rebuild or re-index the dataset"
         )
     if num_bytes is not None and int(values[-1]) + END_BYTES > num_bytes:
         raise ShardFormatError(

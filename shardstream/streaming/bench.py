@@ -44,6 +44,8 @@ class BenchOptions:
         batches: Stop after this many batches (None: a whole epoch, or ``seconds``).
         seconds: Stop after about this long (None: no limit).
         warmup_batches: Batches read before measuring (worker start-up, first reads).
+        on_error: ``"raise"`` stops at a missing or broken shard or sample; ``"skip"`` skips
+            and counts them (as ``StreamingDataset(on_error=...)``).
     """
 
     workers: int = 2
@@ -52,10 +54,13 @@ class BenchOptions:
     batches: int | None = None
     seconds: float | None = 30.0
     warmup_batches: int = 2
+    on_error: str = "raise"
 
     def __post_init__(self) -> None:
         if self.mode not in ("train", "raw"):
             raise ConfigError(f"mode must be 'train' or 'raw', got {self.mode!r}")
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.workers < 0 or self.batch_size < 1:
             raise ConfigError("workers must be 0 or more and batch_size 1 or more")
 
@@ -97,6 +102,7 @@ def run_bench(
     dataset = StreamingDataset(
         source, batch_size=options.batch_size, decode="pil" if train else "raw",
         transform=(transform or train_transform()) if train else None, options=stream,
+        on_error=options.on_error,
     )  # fmt: skip
     loader = StreamingDataLoader(dataset, num_workers=options.workers)
     iterator = iter(loader)

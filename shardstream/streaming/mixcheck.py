@@ -47,6 +47,7 @@ class MixCheckOptions:
         seed: The loader's seed.
         baseline_samples: Samples drawn through the indexes for the random order's figure when
             less than the whole dataset is read.
+        on_error: ``"raise"`` stops at a missing or broken shard; ``"skip"`` skips and counts.
     """
 
     workers: int = 2
@@ -56,6 +57,7 @@ class MixCheckOptions:
     label: str | None = None
     seed: int = 0
     baseline_samples: int = 4096
+    on_error: str = "raise"
 
 
 def check_mix(
@@ -86,7 +88,8 @@ def check_mix(
         stream_options or StreamOptions(), output="dict", rank=0, world_size=options.world_size
     )
     dataset = StreamingDataset(
-        source, seed=options.seed, decode="raw", batch_size=options.batch_size, options=stream
+        source, seed=options.seed, decode="raw", batch_size=options.batch_size, options=stream,
+        on_error=options.on_error,
     )
     wanted = options.batches
     if wanted is None:

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import IO
 
-from shardstream.errors import ShardFormatError
+from shardstream.errors import ShardFormatError, ShardNotFoundError
 from shardstream.format.filemaps import DEFAULT_MAP_CACHE_BYTES, FileMaps, map_range
 from shardstream.format.shardindex import ShardIndex, decode_index
 from shardstream.storage import Store, is_local_url
@@ -80,7 +80,7 @@ class IndexCache:
         if name in self._indexes:
             self._indexes.move_to_end(name)
             return self._indexes[name]
-        (data,) = read_ranges(self._store, [(name, _index_end(num_samples))])
+        (data,) = read_ranges(self._store, [(name, _read_end(num_samples))])
         return self._keep(name, self._decode(name, data, num_samples, num_bytes))
 
     def preload(self, wanted: Sequence[tuple[str, int | None, int | None]]) -> None:
@@ -88,7 +88,7 @@ class IndexCache:
         (on an object store: one request latency for all of them, not one each)."""
         missing = {name: (count, size) for name, count, size in wanted if name not in self._indexes}
         items = list(missing.items())[: self._max_shards]
-        found = read_ranges(self._store, [(name, _index_end(count)) for name, (count, _) in items])
+        found = read_ranges(self._store, [(name, _read_end(count)) for name, (count, _) in items])
         for (name, (count, size)), data in zip(items, found, strict=True):
             self._keep(name, self._decode(name, data, count, size))
 
@@ -105,6 +105,12 @@ class IndexCache:
         try:
             if isinstance(data, OSError):  # StorageError is an OSError too
                 raise data
+            if num_samples is not None and len(data) > _index_end(num_samples):
+                # More samples than the manifest says (one was read past them): read it
+                # whole, so the message names both counts.
+                (data,) = read_ranges(self._store, [(name, _index_end(None))])
+                if isinstance(data, OSError):
+                    raise data
             if len(data) > _MAX_INDEX_BYTES:
                 raise ShardFormatError(f"{shown}: larger than {_MAX_INDEX_BYTES} bytes")
             return decode_index(data, shown, num_samples, num_bytes)
@@ -114,11 +120,17 @@ class IndexCache:
 
 
 def _index_end(num_samples: int | None) -> int:
-    """Bytes to read of an index: the largest a shard of ``num_samples`` has (a version-2 index:
-    header, offsets and end, key hashes), so one request reads it whole; at most the limit+1."""
+    """The size of a version-2 index of ``num_samples`` (header, offsets and end, key hashes),
+    at most the limit+1."""
     if num_samples is None:
         return _MAX_INDEX_BYTES + 1
     return min(_MAX_INDEX_BYTES + 1, 16 + 8 * (num_samples + 1) + 8 * num_samples)
+
+
+def _read_end(num_samples: int | None) -> int:
+    """Bytes to read of an index: all of one of ``num_samples`` in one request, and 8 bytes
+    more, so an index of more samples than the manifest says is seen (not read cut short)."""
+    return min(_MAX_INDEX_BYTES + 1, _index_end(num_samples) + 8)
 
 
 _shared_caches: ProcessLocal[dict[tuple[str, str], IndexCache]] = ProcessLocal(dict)
@@ -201,7 +213,7 @@ class HandlePool:
         caller stops at ``end``), so it can be lent again for another range.
         """
         if not self.is_local(name):
-            remote = self.store.open_read(name, start, end)
+            remote = self._open(name, start, end)
             try:
                 yield remote
             finally:
@@ -245,12 +257,22 @@ class HandlePool:
         """An idle handle of ``name`` (a new one if none) and its length (-1: not asked)."""
         slots = self._by_name.get(name)
         if not slots:
-            return self.store.open_read(name), -1
+            return self._open(name), -1
         slot = slots.pop()
         if not slots:
             del self._by_name[name]
         _, stream, length = self._idle.pop(slot)
         return stream, length
+
+    def _open(self, name: str, start: int = 0, end: int | None = None) -> IO[bytes]:
+        try:
+            return self.store.open_read(name, start, end)
+        except FileNotFoundError as error:
+            raise ShardNotFoundError(
+                f"{self.store.shown(name)}: shard not found; check that the source names "
+                "existing shards (the folder, the pattern, the .txt list's entries), or pass "
+                "on_error='skip' to skip and count its samples"
+            ) from error
 
     def _release(self, name: str, stream: IO[bytes], length: int, reusable: bool = True) -> None:
         """Keep ``stream`` for later pieces, or close it (the pool is closed, or it failed)."""

@@ -13,9 +13,12 @@ and hands them out. Two sources feed it:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -106,6 +109,19 @@ class StepJob:
     num_workers: int
 
 
+#: Passes not finished yet, closed at exit while every module is intact: a pass dropped
+#: unfinished (a loop left with ``break``, its iterator in a global) would otherwise be closed
+#: during interpreter shutdown, when its modules' names are already cleared to None.
+_open_passes: weakref.WeakSet[Generator[Any, None, None]] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_passes() -> None:
+    for passing in list(_open_passes):
+        with contextlib.suppress(ValueError):  # one running in another thread: it ends itself
+            passing.close()
+
+
 def run_batches(
     batches: Generator[list[Any], None, None],
     reader: ShardReader,
@@ -117,8 +133,20 @@ def run_batches(
     Getting the next list from ``batches`` is the batch's reading time (with the bytes and
     retries it took). ``stats.batches`` counts the batches handed out, before each is handed
     out, so a resume state taken while the worker waits between them is exact. At the end (or
-    when closed early) ``batches`` is closed, then ``reader``.
+    when closed early, at the latest when the process exits) ``batches`` is closed, then
+    ``reader``.
     """
+    passing = _batch_loop(batches, reader, batcher, stats)
+    _open_passes.add(passing)
+    return passing
+
+
+def _batch_loop(
+    batches: Generator[list[Any], None, None],
+    reader: ShardReader,
+    batcher: Batcher,
+    stats: WorkerStats,
+) -> Generator[Any, None, None]:
     clock = batcher.clock
     retried = retries_in_process()  # retries of background reads count whenever they happen
     try:
