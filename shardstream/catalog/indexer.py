@@ -7,9 +7,9 @@ writes what counted datasets have: a per-shard index (byte offsets and key hashe
 (written last) and timm's ``_info.json``. Then every guarantee holds on those shards: ``len``,
 exact equal epochs, memory-mapped reads, resume at any world size, mixtures, views, ``verify``.
 
-The metadata goes next to the shards, or into DEST (shards in a read-only bucket...): DEST's
-manifest then names the shards' root. Shards are read in batches by parallel tasks (processes,
-or any executor); each leaves a record in DEST's ``_shardstream_index``: a killed run goes on.
+The metadata goes next to the shards, or into DEST (a read-only bucket...), whose manifest then
+names the shards' root. Shards are read in batches by parallel tasks (processes, or any
+executor); each leaves a record in DEST's ``_shardstream_index``: a killed run goes on.
 """
 
 from __future__ import annotations
@@ -184,9 +184,10 @@ def _index(
     records = _load_records(target, len(names), options.shards_per_task)
     done_bytes = [sum(e["num_bytes"] for r in records.values() for e in r["entries"])]
 
-    def on_result(record: dict[str, Any]) -> None:
-        records[record["number"]] = record
-        done_bytes[0] += sum(entry["num_bytes"] for entry in record["entries"])
+    def on_result(record: dict[str, Any] | None) -> None:
+        if record is not None:
+            records[record["number"]] = record
+            done_bytes[0] += sum(entry["num_bytes"] for entry in record["entries"])
         if progress is not None:
             done = sum(len(r["entries"]) for r in records.values())
             progress(done, done_bytes[0], len(names), None)
@@ -197,6 +198,7 @@ def _index(
                 batch = tuple(names[first : first + options.shards_per_task])
                 yield _Task(number, first, batch, shards, target, options.checksum)
 
+    on_result(None)  # the total shows at once (and a resumed run's part)
     run_tasks(_index_task, tasks(), on_result, options.workers, executor)
     _refuse_inexact(records, shards, target, options)
     entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
@@ -301,11 +303,9 @@ def _refuse_inexact(
             target.child(STATE_FOLDER).remove(f"task-{number:06d}.json")
     if problems:
         shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
-        hint = (
-            " Shards made with GNU tar keep a sample's files together with `tar --sort=name`."
-            if any("comes back" in problem for problem in problems)
-            else ""
-        )
+        back = any("comes back" in problem for problem in problems)
+        hint = " Shards made with GNU tar keep a sample's files together with `tar --sort=name`."
+        hint = hint if back else ""
         raise SourceError(
             f"{shards.shown()}: {len(problems)} problem(s) would break exact epochs:\n  {shown}\n"
             "Fix or leave out those shards (or pass allow_extra_members=True when only "

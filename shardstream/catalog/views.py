@@ -11,8 +11,9 @@ read of every shard's index (the key hashes), not of the shards.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,8 @@ from shardstream.storage import Store
 
 __all__ = ["make_view", "split_dataset"]
 
+logger = logging.getLogger(__name__)
+
 KEYS_NAME = "view.keys"
 _READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
 
@@ -43,8 +46,11 @@ def make_view(
     bounds: tuple[float, float] | None = None,
     seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
     """Write a view of ``source`` into ``dest``: exactly one of ``fraction``, ``keys``, ``bounds``.
+
+    With ``keys``, keys that are in no shard are logged (how many, and a few of them).
 
     Args:
         source: A dataset folder or URL, or its manifest file, whose shards have indexes with
@@ -55,6 +61,7 @@ def make_view(
         bounds: Keep the keys whose seeded draw lies in ``[low, high)`` (for splits).
         seed: Seed of the draw: the same seed always keeps the same keys.
         storage_options: fsspec options for remote URLs.
+        progress: Called as ``progress(shards_done, shards)`` while the indexes are read.
 
     Example:
         >>> view = make_view("shards/train", "shards/train-10pct", fraction=0.1)  # doctest: +SKIP
@@ -69,11 +76,14 @@ def make_view(
     elif bounds is not None:
         selection = Selection("range", seed, *bounds)
     else:
-        selection = Selection.of_keys(np.fromiter(map(key_hash, keys or ()), np.int64))
+        keys = list(dict.fromkeys(keys or ()))
+        selection = Selection.of_keys(np.fromiter(map(key_hash, keys), np.int64))
     origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None:
         raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
-    counts = _kept_counts(origin, manifest, selection)
+    counts, found = _kept_counts(origin, manifest, selection, progress)
+    if keys is not None:
+        _log_unknown_keys(list(keys), found, origin)
     target = Store(dest, storage_options)
     target.makedirs()
     keys_file = None
@@ -106,6 +116,7 @@ def split_dataset(
     *,
     seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Manifest]:
     """A view per split in ``dest/<name>``, by key: every key in exactly one split.
 
@@ -123,15 +134,22 @@ def split_dataset(
         high = 1.0 if number == len(splits) - 1 else low + share / total
         target = Store(dest, storage_options).url(name)
         views[name] = make_view(
-            source, target, bounds=(low, high), seed=seed, storage_options=storage_options
-        )
+            source, target, bounds=(low, high), seed=seed, storage_options=storage_options,
+            progress=progress,
+        )  # fmt: skip
         low = high
     return views
 
 
-def _kept_counts(origin: Store, manifest: Manifest, selection: Selection) -> np.ndarray:
-    """How many samples of each shard the selection keeps, from the shards' key hashes."""
+def _kept_counts(
+    origin: Store, manifest: Manifest, selection: Selection,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[np.ndarray, set[int]]:  # fmt: skip
+    """How many samples of each shard the selection keeps, from the shards' key hashes; for a
+    selection by keys, also the hashes of the kept keys."""
     indexes = root_store(origin, manifest.index_root)
+    total, by_keys = len(manifest.shards), selection.kind == "keys"
+    found: set[int] = set()
 
     def count(number: int) -> int:
         shard = manifest.shards[number]
@@ -146,7 +164,26 @@ def _kept_counts(origin: Store, manifest: Manifest, selection: Selection) -> np.
                 f"{indexes.shown(shard.index)}: has no key hashes (an older build); run "
                 "`shardstream index --overwrite` on the dataset first"
             )
-        return int(selection.keep(index.key_hashes).sum())
+        kept = selection.keep(index.key_hashes)
+        if by_keys:
+            found.update(index.key_hashes[kept].tolist())  # the pool's threads share the GIL
+        return int(kept.sum())
 
+    counts = np.zeros(total, np.int64)
     with cf.ThreadPoolExecutor(_READERS) as pool:
-        return np.fromiter(pool.map(count, range(len(manifest.shards))), np.int64)
+        for number, kept in enumerate(pool.map(count, range(total))):
+            counts[number] = kept
+            if progress is not None:
+                progress(number + 1, total)
+    return counts, found
+
+
+def _log_unknown_keys(keys: Sequence[str], found: set[int], origin: Store) -> None:
+    """Log how many of ``keys`` are in no shard, with a few of them."""
+    unknown = [key for key in keys if key_hash(key) not in found]
+    if unknown:
+        examples = ", ".join(repr(key) for key in unknown[:5])
+        logger.warning(
+            "%s: %d of the %d keys asked for are in no shard (such as %s); the view leaves "
+            "them out", origin.shown(), len(unknown), len(keys), examples,
+        )  # fmt: skip

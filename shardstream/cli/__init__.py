@@ -2,22 +2,32 @@
 
 Each subcommand is a module with one ``add_*`` function registering its parser and a handler
 returning the exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
-``--storage-option KEY=VALUE`` (repeatable) for remote URLs; what the command line prints
-(summaries, errors, log lines) goes through :mod:`shardstream.storage.redact`, so secrets passed
-that way, or in a URL, never appear in its output.
+``--storage-option KEY=VALUE`` (repeatable) for remote URLs, and ``-v``/``-q`` before or after
+its name; what the command line prints (summaries, errors, log lines) goes through
+:mod:`shardstream.storage.redact`, so secrets passed that way, or in a URL, never appear in its
+output. Errors are one line, with the command line's flags for the library's argument names.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shardstream._version import __version__
 from shardstream.cli.bench import add_bench
 from shardstream.cli.build import add_build
-from shardstream.cli.common import parse_size, parse_storage_option, storage_options
+from shardstream.cli.common import (
+    cli_spelling,
+    parse_size,
+    parse_storage_option,
+    plain_help,
+    storage_options,
+)
 from shardstream.cli.index import add_index
 from shardstream.cli.inspect import add_inspect
 from shardstream.cli.prune import add_prune
@@ -35,22 +45,26 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 mismatch/error, 2 usage)."""
-    parser = argparse.ArgumentParser(prog="shardstream", description=__doc__.splitlines()[0])
-    parser.add_argument("--verbose", "-v", action="store_true", help="log progress details")
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in SUBCOMMANDS:
-        add(subparsers)
-    args = parser.parse_args(argv)
+    """Run the command line; returns the exit status (0 ok, 1 mismatch/error, 2 usage).
+
+    Example:
+        >>> main(["inspect", "shards/train"])  # doctest: +SKIP
+        0
+    """
+    args = make_parser().parse_args(argv)
     secrets = secret_values(storage_options(args))
     _configure_logging(args.verbose, secrets)
     try:
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        sys.stdout.flush()  # a closed pipe (`| head`) fails here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _reader_went_away()
     except ShardstreamError as error:
         cause = error.__cause__ if isinstance(error, StorageError) else None
         fix = explain(cause, detail=False) if cause is not None else None
         shown = str(error) if fix is None else f"{error} -- {fix}"
-        print(f"error: {redact_text(shown, secrets)}", file=sys.stderr)
+        print(f"error: {redact_text(cli_spelling(shown), secrets)}", file=sys.stderr)
         return 1
     except Exception as error:  # storage refused or failed: one line with the fitting fix
         line = explain(error)
@@ -60,15 +74,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+def make_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand; ``-v`` and ``-q`` work before or after its name."""
+    parser = argparse.ArgumentParser(prog="shardstream", description=plain_help(__doc__))
+    parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
+    _add_output_flags(parser, False)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    for subparser in subparsers.choices.values():
+        # SUPPRESS: a flag left out after the subcommand keeps the value given before it.
+        _add_output_flags(subparser, argparse.SUPPRESS)
+    return parser
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, default: Any) -> None:
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", default=default, help="log progress details"
+    )
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", default=default,
+        help="no progress bars (they show only when stderr is a terminal)",
+    )  # fmt: skip
+
+
+def _reader_went_away() -> int:
+    """``shardstream ... | head``: the reader closed the pipe; stop quietly, as tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the exit's flush must not fail again
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
 class _RedactingFormatter(logging.Formatter):
-    """Formats log records, then masks URL secrets and the given literal secrets."""
+    """Formats log records with the command line's spellings, then masks URL secrets and the
+    given literal secrets."""
 
     def __init__(self, fmt: str, secrets: Sequence[str]) -> None:
         super().__init__(fmt)
         self._secrets = tuple(secrets)
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(super().format(record), self._secrets)
+        return redact_text(cli_spelling(super().format(record)), self._secrets)
 
 
 def _configure_logging(verbose: bool, secrets: Sequence[str]) -> None:

@@ -14,10 +14,14 @@ from shardstream.storage import redact_text, redact_url, secret_values
 
 __all__ = [
     "Bar",
+    "DeprecatedFlag",
     "add_storage_options",
+    "cli_spelling",
+    "counting",
     "human",
     "parse_size",
     "parse_storage_option",
+    "plain_help",
     "progress_bar",
     "shown",
     "storage_options",
@@ -38,6 +42,43 @@ _UNITS = {
     "m": 10**6,
     "g": 10**9,
 }
+
+
+#: The library's messages name Python arguments; the command line shows its own flags.
+_SPELLINGS = [
+    (re.compile(r"\b(\w+)=(True|'\w+') \((--[\w-]+(?: \w+)?)\)"), r"\3"),
+    (re.compile(r"\bon_error='skip'"), "--on-error skip"),
+    (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (re.compile(r"\bappend=True\b"), "--append"),
+    (re.compile(r"\ballow_extra_members=True\b"), "--allow-extra-members"),
+    (re.compile(r"\bwith version=None\b"), "without --at-version"),
+    (re.compile(r"\bversion=(\d+)"), r"--at-version \1"),
+]
+
+
+def plain_help(docstring: str | None) -> str:
+    """A docstring's first line as ``--help`` shows it: without reST markup.
+
+    Example:
+        >>> plain_help("The ``shardstream`` command line: :func:`main`.")
+        'The shardstream command line: main.'
+    """
+    line = (docstring or "").strip().splitlines()[0] if docstring else ""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", line).replace("``", "")
+
+
+def cli_spelling(text: str) -> str:
+    """A library message with the command line's flags for the Python arguments it names.
+
+    Example:
+        >>> cli_spelling("pass overwrite=True (--overwrite) to start over")
+        'pass --overwrite to start over'
+        >>> cli_spelling("fix the file, or pass on_error='skip'")
+        'fix the file, or pass --on-error skip'
+    """
+    for pattern, replacement in _SPELLINGS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def parse_size(text: str) -> int:
@@ -71,6 +112,29 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
         return name.strip(), value
 
 
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag: stores its value as the new one does, with a note on stderr.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> _ = parser.add_argument("--old", dest="new", action=DeprecatedFlag,
+        ...                         replacement="--new")
+    """
+
+    def __init__(self, *args: Any, replacement: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replacement = replacement
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+        option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        print(
+            f"note: {option_string} is deprecated here; use {self.replacement}", file=sys.stderr
+        )
+        setattr(namespace, self.dest, values)
+
+
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage-option",
@@ -102,41 +166,63 @@ def human(num_bytes: float) -> str:
 
 
 class Bar:
-    """tqdm over items (files, shards), with MB/s in the postfix (ETA from the item count)."""
+    """tqdm over items (files, shards), with MB/s in the postfix (ETA from the item count).
 
-    def __init__(self, unit: str = "files") -> None:
+    Updates without a total before the first with one are a scan (a build's source): the bar
+    counts what it finds, then starts again at 0 of the total.
+    """
+
+    def __init__(self, unit: str = "files", description: str | None = None) -> None:
         from tqdm import tqdm
 
         # No monitor thread: a single-threaded builder may fork its workers (see execute.py).
         tqdm.monitor_interval = 0
-        self._bar = tqdm(unit=unit, dynamic_ncols=True, file=sys.stderr)
+        self._bar = tqdm(unit=unit, dynamic_ncols=True, file=sys.stderr, desc=description)
+        self._scanning = False
 
     def update(
         self, items: int, num_bytes: int, total: int | None, total_bytes: int | None
     ) -> None:
+        if total is None and (self._scanning or self._bar.n == 0):
+            self._bar.set_description_str("scanning", refresh=not self._scanning)
+            self._scanning = True
+        elif self._scanning:
+            self._scanning = False
+            self._bar.set_description_str("writing", refresh=False)
+            self._bar.reset(total=total)
         if total is not None and self._bar.total != total:
             self._bar.total = total
         self._bar.update(items - self._bar.n)
         elapsed = self._bar.format_dict.get("elapsed") or 0.0
-        if elapsed:
+        if elapsed and num_bytes:
             self._bar.set_postfix_str(f"{num_bytes / elapsed / 1e6:.1f} MB/s", refresh=False)
 
     def close(self) -> None:
         self._bar.close()
 
 
-def progress_bar(quiet: bool, unit: str = "files") -> Bar | None:
+def progress_bar(quiet: bool, unit: str = "files", description: str | None = None) -> Bar | None:
     """A progress bar on a terminal's stderr, unless ``quiet``."""
-    return None if quiet or not sys.stderr.isatty() else Bar(unit)
+    return None if quiet or not sys.stderr.isatty() else Bar(unit, description)
+
+
+@contextlib.contextmanager
+def counting(
+    quiet: bool, unit: str, description: str | None = None
+) -> Iterator[Callable[[int, int], None] | None]:
+    """``progress(done, total)`` of a bar over items of a known total, for the block (None
+    when quiet or not a terminal)."""
+    with progress_updates(quiet, unit, description) as update:
+        yield None if update is None else (lambda done, total: update(done, 0, total, None))
 
 
 @contextlib.contextmanager
 def progress_updates(
-    quiet: bool, unit: str = "files"
+    quiet: bool, unit: str = "files", description: str | None = None
 ) -> Iterator[Callable[[int, int, int | None, int | None], None] | None]:
     """A progress bar's ``update`` for the block (None when quiet or not a terminal), closed
     after it, also on errors."""
-    bar = progress_bar(quiet, unit)
+    bar = progress_bar(quiet, unit, description)
     try:
         yield bar.update if bar else None
     finally:
@@ -145,7 +231,7 @@ def progress_updates(
 
 
 def add_common(parser: argparse.ArgumentParser, handler: Callable[[Any], int]) -> None:
-    """The options every command that reads or writes storage takes, and its handler."""
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    """The options every command that reads or writes storage takes, and its handler
+    (``--quiet`` and ``--verbose`` every subcommand takes: see :func:`shardstream.cli.main`)."""
     add_storage_options(parser)
     parser.set_defaults(handler=handler)

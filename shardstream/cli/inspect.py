@@ -7,7 +7,14 @@ import json
 import sys
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, human, shown, storage_options
+from shardstream.cli.common import (
+    DeprecatedFlag,
+    add_storage_options,
+    counting,
+    human,
+    shown,
+    storage_options,
+)
 from shardstream.storage import Store
 
 __all__ = ["add_inspect"]
@@ -18,8 +25,12 @@ def add_inspect(subparsers: Any) -> None:
     parser.add_argument("dest")
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.add_argument(
-        "--version", type=int, default=None, metavar="N",
+        "--at-version", dest="version", type=int, default=None, metavar="N",
         help="inspect version N of a dataset that grew (default: the newest)",
+    )  # fmt: skip
+    parser.add_argument(  # the spelling before 0.2, which --version now means everywhere else
+        "--version", dest="version", type=int, action=DeprecatedFlag, help=argparse.SUPPRESS,
+        replacement="--at-version",
     )  # fmt: skip
     parser.add_argument(
         "--classes", type=int, default=0, metavar="N",
@@ -52,7 +63,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         f"skipped:  {len(manifest.skipped)}",
         f"created:  {manifest.created_by} (format {manifest.format_version})",
         "settings: " + json.dumps(dict(manifest.settings), sort_keys=True),
-        *_details(store, manifest, args.classes),
+        *_details(store, manifest, args.classes, args.quiet),
     ]
     print("\n".join(lines))
     return 0
@@ -73,7 +84,7 @@ def _versions(store: Store, shown_version: int) -> list[str]:
     return lines
 
 
-def _details(store: Store, manifest: Any, classes: int) -> list[str]:
+def _details(store: Store, manifest: Any, classes: int, quiet: bool) -> list[str]:
     """Per-shard spread, files other tools read, and (with ``--classes``) class balance."""
     from shardstream.format.inspection import class_balance, companion_files, shard_spread
 
@@ -91,7 +102,8 @@ def _details(store: Store, manifest: Any, classes: int) -> list[str]:
         "files:    no _info.json (timm), README.md or dataset_info.json (Hugging Face)"
     ]
     if classes > 0 and len(manifest.shards):
-        balance = class_balance(store, manifest, classes)
+        with counting(quiet, "shards", "reading labels") as progress:
+            balance = class_balance(store, manifest, classes, progress)
         counts = balance["counts"]
         estimate = "" if balance["shards_read"] == balance["shards"] else " (estimate)"
         where = f"{balance['shards_read']} of {balance['shards']} shards"

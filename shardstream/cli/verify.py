@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, shown, storage_options
+from shardstream.cli.common import add_storage_options, counting, shown, storage_options
 
 __all__ = ["add_verify"]
 
@@ -23,7 +23,11 @@ def _run_verify(args: argparse.Namespace) -> int:
     from shardstream.format.verify import find_problems
 
     store, manifest = read_dataset(args.dest, storage_options(args))
-    problems = find_problems(store, manifest)
+    total = len(manifest.shards)
+    with counting(args.quiet, "shards", "verifying") as progress:
+        problems = find_problems(
+            store, manifest, None if progress is None else lambda done: progress(done, total)
+        )
     for problem in problems:
         print(f"MISMATCH {problem}")
     if problems:

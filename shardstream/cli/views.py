@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, storage_options
+from shardstream.cli.common import add_storage_options, counting, storage_options
 from shardstream.errors import ConfigError
 
 __all__ = ["add_merge", "add_view"]
@@ -35,8 +35,9 @@ def _run_view(args: argparse.Namespace) -> int:
     options = storage_options(args)
     if args.split:
         shares = dict(_share(part) for part in args.split.split(","))
-        views = split_dataset(args.source, args.dest, shares, seed=args.seed,
-                              storage_options=options)  # fmt: skip
+        with counting(args.quiet, "shards", "reading indexes") as progress:
+            views = split_dataset(args.source, args.dest, shares, seed=args.seed,
+                                  storage_options=options, progress=progress)  # fmt: skip
         for name, view in views.items():
             print(f"{args.dest}/{name}: {view.num_samples} samples")
         return 0
@@ -44,8 +45,9 @@ def _run_view(args: argparse.Namespace) -> int:
     if args.keys:
         with open(args.keys, encoding="utf-8") as stream:
             keys = [line.strip() for line in stream if line.strip()]
-    view = make_view(args.source, args.dest, fraction=args.fraction, keys=keys,
-                     seed=args.seed, storage_options=options)  # fmt: skip
+    with counting(args.quiet, "shards", "reading indexes") as progress:
+        view = make_view(args.source, args.dest, fraction=args.fraction, keys=keys,
+                         seed=args.seed, storage_options=options, progress=progress)  # fmt: skip
     print(f"{args.dest}: {view.num_samples} samples")
     return 0
 

@@ -5,6 +5,7 @@ and which files other tools look for are present."""
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,11 +51,15 @@ def shard_spread(manifest: Manifest) -> dict[str, dict[str, float]]:
     return spread
 
 
-def class_balance(dataset: Store, manifest: Manifest, max_shards: int = 16) -> dict[str, Any]:
+def class_balance(
+    dataset: Store, manifest: Manifest, max_shards: int = 16,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Samples per label in up to ``max_shards`` shards spread evenly over the dataset.
 
     Reads those shards whole (their ``.cls`` members give the labels), so the cost is their
     bytes: with every shard read the counts are exact, else an estimate from the sample.
+    ``progress(shards_read, shards_to_read)`` is called after each shard.
     """
     shards = root_store(dataset, manifest.shard_root)
     selection = view_selection(dataset, manifest)  # a view counts only the samples it keeps
@@ -62,7 +67,9 @@ def class_balance(dataset: Store, manifest: Manifest, max_shards: int = 16) -> d
     numbers = sorted({int(i) for i in np.linspace(0, total - 1, min(max_shards, total))})
     counts: collections.Counter[int] = collections.Counter()
     unlabelled = 0
-    for number in numbers:
+    for done, number in enumerate(numbers):
+        if progress is not None:
+            progress(done, len(numbers))
         name = manifest.shards[number].name
         with shards.open_read(name) as stream:
             for sample, _ in iter_samples(open_tar(stream, shards.shown(name))):
@@ -73,6 +80,8 @@ def class_balance(dataset: Store, manifest: Manifest, max_shards: int = 16) -> d
                     unlabelled += 1
                 else:
                     counts[label] += 1
+    if progress is not None:
+        progress(len(numbers), len(numbers))
     return {"shards_read": len(numbers), "shards": total, "counts": dict(sorted(counts.items())),
             "unlabelled": unlabelled}  # fmt: skip
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,8 +59,11 @@ class _Where:
     foreign: bool  # indexed shards of other tools (directory entries are fine there)
 
 
-def find_problems(dataset: Store, manifest: Manifest) -> list[str]:
-    """Every mismatch between the shards and ``manifest``, one message each ([] when none)."""
+def find_problems(
+    dataset: Store, manifest: Manifest, progress: Callable[[int], None] | None = None
+) -> list[str]:
+    """Every mismatch between the shards and ``manifest``, one message each ([] when none);
+    ``progress`` is called with the number of shards checked after each one."""
     settings = manifest.settings
     where = _Where(
         root_store(dataset, manifest.shard_root),
@@ -70,8 +73,10 @@ def find_problems(dataset: Store, manifest: Manifest) -> list[str]:
         bool(settings.get("indexed", False)),
     )
     problems: list[str] = []
-    for shard in manifest.shards:
+    for number, shard in enumerate(manifest.shards, start=1):
         problems.extend(check_shard(where.shards, shard, where))
+        if progress is not None:
+            progress(number)
     return problems
 
 

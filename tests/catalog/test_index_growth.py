@@ -41,7 +41,7 @@ def test_index_again_reads_only_the_new_shards(tmp_path):
     read: list[str] = []
     manifest = index_shards(folder, progress=lambda done, *_: read.append(str(done)))
     assert manifest.version == 2 and manifest.num_samples == 16
-    assert read == ["2"]  # progress counts the two new shards only
+    assert read == ["0", "2"]  # the total at once, then the two new shards only
     assert list(manifest.shards)[:2] == list(first.shards)
     after = _files(folder)
     for name in ("part-00000.tar", "part-00000.idx", "part-00001.idx"):
