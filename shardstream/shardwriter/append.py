@@ -81,7 +81,7 @@ def append_source(
     if is_empty(os.fspath(source)):
         logger.warning("%s: %s holds no samples; nothing appended", dest.shown(), source)
         return base
-    scanned = scan_source(source, options.on_error)  # a bad source leaves DEST untouched
+    scanned = scan_source(source, options.on_error, progress)  # a bad source leaves DEST untouched
     with destination_lock(dest, "append"):
         return _append(scanned, os.fspath(source), dest, options, executor, progress)
 

@@ -20,7 +20,11 @@ from shardstream.shardwriter.chunks import ProgressCallback, Tracker, write_chun
 from shardstream.shardwriter.iterables import chunk_samples
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
-from shardstream.shardwriter.sources import ScannedSource, scan_source
+from shardstream.shardwriter.sources import (
+    ScannedSource,
+    refuse_destination_inside,
+    scan_source,
+)
 from shardstream.shardwriter.tasks import ChunkResult, ChunkTask, write_chunk
 from shardstream.storage import Store
 from shardstream.storage.lock import destination_lock
@@ -55,7 +59,9 @@ def build_shards(
             default ``options.workers`` local processes (or this process when 1). The output
             is byte-identical whichever runs it; ``options.workers`` bounds tasks in flight.
         storage_options: Passed to fsspec for ``dest``.
-        progress: Called after each chunk with cumulative items/bytes and totals.
+        progress: Called after each chunk with cumulative items/bytes and totals; while a
+            path source is scanned, every few hundred files with the files and bytes found
+            so far and totals of None.
         **overrides: Any :class:`BuildOptions` field, e.g. ``max_samples_per_shard=1000``.
 
     Returns:
@@ -78,12 +84,15 @@ def build_shards(
     store = Store(dest, storage_options)
     if isinstance(source, (bytes, Mapping)):
         raise ConfigError("source must be a path, a URL-free list file, or an iterable of dicts")
+    if isinstance(source, (str, os.PathLike)):
+        refuse_destination_inside(source, store)
     if options.append:
         from shardstream.shardwriter.append import append_source
 
         return append_source(source, store, options, executor, progress)
     if isinstance(source, (str, os.PathLike)):
-        scanned = scan_source(source, options.on_error)  # a bad source leaves DEST untouched
+        # A bad source leaves DEST untouched.
+        scanned = scan_source(source, options.on_error, progress)
         with destination_lock(store):
             return _build_from_table(
                 scanned, os.fspath(source), store, options, executor, progress

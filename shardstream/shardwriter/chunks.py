@@ -20,7 +20,7 @@ __all__ = ["ProgressCallback", "Tracker", "write_chunks"]
 logger = logging.getLogger("shardstream.shardwriter.build")
 
 #: ``progress(items_done, source_bytes_done, total_items, total_bytes)``; totals are ``None``
-#: for iterable sources.
+#: for iterable sources, and while a path source is scanned (then it counts files found).
 ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
 
 

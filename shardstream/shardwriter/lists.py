@@ -21,7 +21,7 @@ from shardstream.errors import SourceError
 from shardstream.format import codecs
 from shardstream.format.keys import check_key
 from shardstream.format.manifest import SkippedSample
-from shardstream.shardwriter.records import FileTable, FileTableBuilder
+from shardstream.shardwriter.records import FileTable, FileTableBuilder, ScanProgress
 
 __all__ = ["read_list"]
 
@@ -29,12 +29,13 @@ logger = logging.getLogger(__name__)
 
 
 def read_list(
-    list_path: str, kind: str, on_error: str = "raise"
+    list_path: str, kind: str, on_error: str = "raise", progress: ScanProgress | None = None
 ) -> tuple[FileTable, tuple[str, ...] | None, tuple[SkippedSample, ...]]:
-    """Read a CSV or JSONL list into a table, its class names and the rows skipped."""
+    """Read a CSV or JSONL list into a table, its class names and the rows skipped
+    (``progress``: called every few hundred rows with the files and bytes found)."""
     root = os.path.dirname(os.path.abspath(list_path))
     rows = _csv_rows(list_path) if kind == "csv" else _jsonl_rows(list_path)
-    builder = FileTableBuilder(root, with_keys=True, with_extras=True)
+    builder = FileTableBuilder(root, with_keys=True, with_extras=True, progress=progress)
     names: dict[str, int] = {}
     skipped: list[SkippedSample] = []
     for where, row in rows:

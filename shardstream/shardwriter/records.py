@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -143,11 +143,26 @@ class FileTable:
         return int(self.sizes.sum())
 
 
-class FileTableBuilder:
-    """Collects files one at a time into flat buffers, then freezes them into a table."""
+#: ``progress(files_found, bytes_found)`` while a source is scanned.
+ScanProgress = Callable[[int, int], None]
+#: Files between two calls of a scan's progress callback.
+_PROGRESS_EVERY = 256
 
-    def __init__(self, root: str, with_keys: bool = False, with_extras: bool = False) -> None:
+
+class FileTableBuilder:
+    """Collects files one at a time into flat buffers, then freezes them into a table.
+
+    ``progress`` is called every few hundred files with the files and bytes collected so far
+    (a scan of millions of files takes minutes on a network file system).
+    """
+
+    def __init__(
+        self, root: str, with_keys: bool = False, with_extras: bool = False,
+        progress: ScanProgress | None = None,
+    ) -> None:  # fmt: skip
         self.root = root
+        self.progress = progress
+        self._num_bytes = 0
         self._paths = _Blob()
         self._keys = _Blob() if with_keys else None
         self._extras = _Blob() if with_extras else None
@@ -166,9 +181,14 @@ class FileTableBuilder:
             self._keys.append(key)
         if self._extras is not None:
             self._extras.append_bytes(extra)
+        self._num_bytes += size
+        if self.progress is not None and len(self._labels) % _PROGRESS_EVERY == 0:
+            self.progress(len(self._labels), self._num_bytes)
 
     def build(self) -> FileTable:
         """Freeze into a :class:`FileTable` (the builder can be dropped afterwards)."""
+        if self.progress is not None:
+            self.progress(len(self._labels), self._num_bytes)
         paths, offsets = self._paths.freeze()
         return FileTable(
             root=self.root,

@@ -10,17 +10,25 @@ keeping the ``(st_dev, st_ino)`` of the folders on the current path only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+from collections.abc import Callable
 
-from shardstream.errors import DuplicateKeyError, SourceError
+from shardstream.errors import ConfigError, DuplicateKeyError, SourceError
 from shardstream.format import codecs
 from shardstream.format.keys import check_key_stem
 from shardstream.format.manifest import SkippedSample
 from shardstream.shardwriter.lists import read_list
-from shardstream.shardwriter.records import FileTable, FileTableBuilder, find_duplicate_keys
+from shardstream.shardwriter.records import (
+    FileTable,
+    FileTableBuilder,
+    ScanProgress,
+    find_duplicate_keys,
+)
+from shardstream.storage import Store
 
-__all__ = ["ScannedSource", "scan_image_folder", "scan_source"]
+__all__ = ["ScannedSource", "refuse_destination_inside", "scan_image_folder", "scan_source"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,19 +52,29 @@ class ScannedSource:
     skipped: tuple[SkippedSample, ...] = ()
 
 
-def scan_source(source: str | os.PathLike[str], on_error: str = "raise") -> ScannedSource:
+def scan_source(
+    source: str | os.PathLike[str],
+    on_error: str = "raise",
+    progress: Callable[[int, int, int | None, int | None], None] | None = None,
+) -> ScannedSource:
     """Scan a folder (ImageFolder) or a ``.csv``/``.jsonl`` list file.
+
+    ``progress`` (a build's callback) is called every few hundred files as
+    ``progress(files_found, bytes_found, None, None)``: the totals are not known yet.
 
     Raises:
         SourceError: The source is missing, empty, or has unusable keys.
         DuplicateKeyError: Two files map to one sample key.
     """
     path = os.fspath(source)
+    found = None if progress is None else functools.partial(_scanned, progress)
+    if found is not None:
+        found(0, 0)  # the scan has begun (a bar says so before its first files)
     if os.path.isdir(path):
-        return scan_image_folder(path, on_error)
+        return scan_image_folder(path, on_error, found)
     if os.path.isfile(path) and path.lower().endswith(LIST_SUFFIXES):
         kind = "csv" if path.lower().endswith(".csv") else "jsonl"
-        table, class_names, skipped = read_list(path, kind, on_error)
+        table, class_names, skipped = read_list(path, kind, on_error, found)
         duplicate = find_duplicate_keys(table)
         if duplicate is not None:
             first, second = duplicate
@@ -72,7 +90,37 @@ def scan_source(source: str | os.PathLike[str], on_error: str = "raise") -> Scan
     )
 
 
-def scan_image_folder(root: str, on_error: str = "raise") -> ScannedSource:
+def refuse_destination_inside(source: str | os.PathLike[str], dest: Store) -> None:
+    """Refuse a local DEST inside a local source folder.
+
+    The shards would be written into the image tree, and the next build or append of that
+    folder would meet them (and their dataset's files) as part of its source.
+
+    Raises:
+        ConfigError: DEST is the source folder or a folder below it.
+    """
+    path = os.fspath(source)
+    if not dest.is_local or not os.path.isdir(path):
+        return
+    target = dest.url()
+    target = target[len("file://") :] if target.startswith("file://") else target
+    root = os.path.realpath(path)
+    if os.path.commonpath([root, os.path.realpath(target)]) == root:
+        raise ConfigError(
+            f"{dest.shown()}: inside the source folder {path}; the shards would be written "
+            f"into the image tree. Choose a destination outside {path}."
+        )
+
+
+def _scanned(
+    progress: Callable[[int, int, int | None, int | None], None], files: int, num_bytes: int
+) -> None:
+    progress(files, num_bytes, None, None)
+
+
+def scan_image_folder(
+    root: str, on_error: str = "raise", progress: ScanProgress | None = None
+) -> ScannedSource:
     """Scan an ImageFolder tree: ``root/CLASS/[nested/]NAME.EXT``.
 
     Symbolic links to folders are followed, class folders included, as torchvision's
@@ -90,6 +138,7 @@ def scan_image_folder(root: str, on_error: str = "raise") -> ScannedSource:
     Args:
         root: The tree's root folder.
         on_error: ``"raise"`` or ``"skip"``, for broken links named like images.
+        progress: Called every few hundred images with the images and bytes found so far.
 
     Raises:
         SourceError: No class folders or images, a link cycle, an unusable key, or a broken
@@ -102,7 +151,7 @@ def scan_image_folder(root: str, on_error: str = "raise") -> ScannedSource:
         (1281167, ('n01440764', 'n01443537'))
     """
     classes = _class_folders(root)
-    scan = _TreeScan(root, on_error)
+    scan = _TreeScan(root, on_error, progress)
     for label, (name, status) in enumerate(classes):
         scan.scan_folder(name, label, status)
     if scan.num_ignored:
@@ -141,10 +190,10 @@ def _class_folders(root: str) -> list[tuple[str, os.stat_result]]:
 class _TreeScan:
     """One ImageFolder scan: the table being built, what was left out, the folders entered."""
 
-    def __init__(self, root: str, on_error: str) -> None:
+    def __init__(self, root: str, on_error: str, progress: ScanProgress | None) -> None:
         self.root = root
         self.on_error = on_error
-        self.builder = FileTableBuilder(root)
+        self.builder = FileTableBuilder(root, progress=progress)
         self.num_ignored = 0
         self.skipped: list[SkippedSample] = []
         #: ``(st_dev, st_ino)`` -> relative path of each folder from the root to the current

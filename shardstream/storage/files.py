@@ -16,6 +16,7 @@ from typing import IO, Any, cast
 
 from fsspec.implementations.local import LocalFileSystem
 
+from shardstream.errors import ConfigError
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.s3upload import open_s3_upload, put_if_absent
 
@@ -25,6 +26,7 @@ __all__ = [
     "forget_listings",
     "is_local_fs",
     "list_files",
+    "make_folder",
     "move",
     "remove_folder",
 ]
@@ -63,6 +65,23 @@ def list_files(fs: Any, path: str, kind: str = "file") -> list[str]:
         return []
     names = [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == kind]
     return sorted(names)
+
+
+def make_folder(fs: Any, path: str, shown: str) -> None:
+    """Create a folder and its parents (a no-op on object stores); ``shown`` names it.
+
+    Raises:
+        ConfigError: A local file is in the way (the folder itself, or a parent).
+    """
+    try:
+        fs.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        if not is_local_fs(fs):
+            raise
+        raise ConfigError(
+            f"{shown}: a file is in the way (the path or a folder above it is a file); a "
+            "destination is a folder, made if missing: choose another path"
+        ) from None
 
 
 def move(fs: Any, source: str, target: str) -> None:

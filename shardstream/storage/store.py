@@ -265,7 +265,7 @@ class Store:
     def makedirs(self, name: str = "") -> None:
         """Create a folder and its parents (a no-op on object stores)."""
         fs, path = self._path(name)
-        fs.makedirs(path, exist_ok=True)
+        files.make_folder(fs, path, self.shown(name))
 
     @contextlib.contextmanager
     def open_atomic_write(
