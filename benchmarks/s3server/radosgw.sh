@@ -54,6 +54,11 @@ installed() {
     done
 }
 
+apt_install() {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${PACKAGES[@]}" >&2
+}
+
 cmd_install() {
     if installed; then
         log "already installed: ${PACKAGES[*]} ($(ceph --version 2>/dev/null || true))"
@@ -64,10 +69,16 @@ cmd_install() {
     # The package scripts try to enable systemd units; with no systemd running
     # they print "Failed to connect to bus" and go on, which is harmless: no
     # daemon is started by the packages.
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 ||
-        die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        "${PACKAGES[@]}" >&2 || die "apt-get install ${PACKAGES[*]} failed"
+    # Install from the package lists already there first: `apt-get update` can
+    # fail where the install would not (lists kept compressed, repository
+    # signatures that cannot be checked). Update only when that install fails,
+    # and go on to a second install whatever the update says.
+    if ! apt_install; then
+        log "installing from the present package lists failed; apt-get update, then again"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 ||
+            log "apt-get update failed (going on: the install says what is missing)"
+        apt_install || die "apt-get install ${PACKAGES[*]} failed"
+    fi
     installed || die "apt-get finished but ${PACKAGES[*]} are not all installed"
     log "installed: $(ceph --version)"
 }
