@@ -33,7 +33,7 @@ from shardstream.cli.inspect import add_inspect
 from shardstream.cli.prune import add_prune
 from shardstream.cli.verify import add_verify
 from shardstream.cli.views import add_merge, add_view
-from shardstream.errors import ShardstreamError, StorageError
+from shardstream.errors import ShardNotFoundError, ShardstreamError, StorageError
 from shardstream.storage import redact_text, secret_values
 from shardstream.storage.diagnose import explain
 
@@ -61,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_went_away()
     except ShardstreamError as error:
-        cause = error.__cause__ if isinstance(error, StorageError) else None
+        # A missing shard's message says what to do; other storage failures get the fix that
+        # fits their cause (credentials, endpoint, permissions...).
+        told = isinstance(error, ShardNotFoundError)
+        cause = error.__cause__ if isinstance(error, StorageError) and not told else None
         fix = explain(cause, detail=False) if cause is not None else None
         shown = str(error) if fix is None else f"{error} -- {fix}"
         print(f"error: {redact_text(cli_spelling(shown), secrets)}", file=sys.stderr)

@@ -168,8 +168,8 @@ def human(num_bytes: float) -> str:
 class Bar:
     """tqdm over items (files, shards), with MB/s in the postfix (ETA from the item count).
 
-    Updates without a total before the first with one are a scan (a build's source): the bar
-    counts what it finds, then starts again at 0 of the total.
+    A bar over files is a build's: its updates without a total before the first with one are
+    the scan of the source, counted as found, then the bar starts again at 0 of the total.
     """
 
     def __init__(self, unit: str = "files", description: str | None = None) -> None:
@@ -179,11 +179,12 @@ class Bar:
         tqdm.monitor_interval = 0
         self._bar = tqdm(unit=unit, dynamic_ncols=True, file=sys.stderr, desc=description)
         self._scanning = False
+        self._scans = unit == "files"
 
     def update(
         self, items: int, num_bytes: int, total: int | None, total_bytes: int | None
     ) -> None:
-        if total is None and (self._scanning or self._bar.n == 0):
+        if self._scans and total is None and (self._scanning or self._bar.n == 0):
             self._bar.set_description_str("scanning", refresh=not self._scanning)
             self._scanning = True
         elif self._scanning:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shardstream.cli import main as cli_main
 from shardstream.errors import ShardNotFoundError
 from shardstream.format.manifest import read_manifest
 from shardstream.format.verify import find_problems
@@ -48,8 +49,9 @@ def http_folder(tmp_path: pathlib.Path) -> Iterator[tuple[pathlib.Path, str]]:
 
 
 def test_a_404_in_a_url_list_reaches_the_training_process_as_one_message(
-    http_folder: tuple[pathlib.Path, str], tmp_path: pathlib.Path
-) -> None:
+    http_folder: tuple[pathlib.Path, str], tmp_path: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     folder, url = http_folder
     build_shards(make_samples(8), folder / "data", max_samples_per_shard=4)
     listing = tmp_path / "train.txt"
@@ -64,6 +66,10 @@ def test_a_404_in_a_url_list_reaches_the_training_process_as_one_message(
     assert "pipeline.py" in (caught.value.worker_traceback or "")  # kept for a bug report
     skipping = StreamingDataset(listing, decode="raw", on_error="skip")
     assert len(list(StreamingDataLoader(skipping, num_workers=2))) == 4  # the other shard
+    assert cli_main(["bench", str(listing), "--workers", "0", "--mode", "raw", "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {url}/data/shard-000007.tar: shard not found") and err.count(
+        "\n") == 1 and "--on-error skip" in err, err  # fmt: skip
 
 
 def _under_counted(tmp_path: pathlib.Path) -> pathlib.Path:
