@@ -50,6 +50,10 @@ SETUP = [
     ('manifest = build_shards("data/train", "shards/train"',
      'import shutil; shutil.rmtree("shards/train")  # the CLI block built it with other limits'),
     ("--keys hard_keys.txt", "printf 'class_00/img_00000\\nclass_01/img_00004\\n' > hard_keys.txt"),
+    ('transform=train_transform, decode="cuda")',  # on a machine without CUDA: the CPU path
+     "MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)\n"
+     "model = lambda images: images.mean(dim=(2, 3))  # 3 channels: one score per class\n"
+     "loss_fn = torch.nn.functional.cross_entropy"),
     ('build_shards("crawl/2026-11-26", "shards/crawl", append=True',
      'checkpoint = {"loader": StreamingDataLoader(StreamingDataset("shards/crawl", '
      'batch_size=256)).state_dict()}  # a state saved on version 2'),
