@@ -109,13 +109,27 @@ class FaultProxy:
         return added
 
     def clear(self) -> None:
-        """Forget rules and counters."""
+        """Forget rules and counters, once answers still being sent (an earlier test's
+        prefetches) are done: their bytes would count for the next test."""
+        self.sent_bytes()
         with self._lock:
             self.rules.clear()
             self.requests.clear()
             self.body_bytes_sent = 0
             self.delay_s = 0.0
             self.max_in_flight = 0
+
+    def sent_bytes(self, timeout_s: float = 5.0) -> int:
+        """``body_bytes_sent`` once no answer is in progress: a client can have read a whole
+        body before the proxy's thread has counted its last piece."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.in_flight == 0:
+                    return self.body_bytes_sent
+            time.sleep(0.005)
+        with self._lock:
+            return self.body_bytes_sent
 
     def count(self, method: str, path_contains: str = "") -> int:
         """Requests seen with ``method`` whose target contains ``path_contains``."""
