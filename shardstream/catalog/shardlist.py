@@ -35,7 +35,7 @@ from shardstream.catalog.shardurls import (
     read_url_list,
     refuse_missing,
 )
-from shardstream.catalog.versions import read_version
+from shardstream.catalog.versions import published_version, read_version
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
@@ -50,6 +50,7 @@ __all__ = [
     "ShardSource",
     "ShardSpec",
     "Source",
+    "newest_version",
     "read_dataset",
     "resolve_source",
     "source_of",
@@ -266,6 +267,25 @@ def read_dataset(
             f"{MANIFEST_NAME}, not another manifest file"
         )
     return store, read_manifest_file(store, name)
+
+
+def newest_version(source: Source, storage_options: StorageOptions = None) -> int | None:
+    """The version a read of ``source`` would open now, reading ``manifest.json`` only.
+
+    None for sources without versions: patterns, URL lists, and manifest files other than
+    ``manifest.json`` (a version's own file always names that version).
+
+    Example:
+        >>> newest_version("shards/crawl")  # doctest: +SKIP
+        3
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    text = os.fspath(source)
+    if "{" in text or text.endswith((*SHARD_URL_SUFFIXES, ".txt")) or has_glob(text):
+        return None
+    folder, name = _split_file(text) if text.endswith(".json") else (text, MANIFEST_NAME)
+    return published_version(Store(folder, storage_options)) if name == MANIFEST_NAME else None
 
 
 def _no_manifest(shown: str) -> ConfigError:

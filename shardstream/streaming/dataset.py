@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.utils.data
 
-from shardstream.catalog.shardlist import Source
+from shardstream.catalog.shardlist import ShardList, Source
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.control.channel import EpochChannel
 from shardstream.streaming.control.context import Context
@@ -78,7 +78,10 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     Versions: a dataset that grows is read at one version per epoch (``self.version``: the
     newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
     state records, the next epoch ``self.version`` (see
-    :mod:`shardstream.streaming.control.versions`).
+    :mod:`shardstream.streaming.control.versions`). Under torch.distributed every rank reads
+    rank 0's version (making the dataset is then a collective: make it on every rank), and
+    ``refresh_version`` or ``StreamOptions(follow_versions=True)`` move every rank to the
+    newest between epochs (see :mod:`shardstream.streaming.control.agreement`).
 
     Example:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
@@ -105,10 +108,6 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         options = options or StreamOptions()
         settings = Settings(seed, shuffle, policy, batch_size, on_error, epoch_size, options)
         opened = open_version(source, settings, version)
-        #: The settings, with the opened version's facts.
-        self.settings = opened.settings
-        #: The shards of the opened version (fresh epochs read them).
-        self.shards = opened.shards
         worker_decode, gpu_decode = resolve_gpu_decode(decode, transform, on_error)
         #: Decodes and transforms one raw sample (in the workers).
         self.convert = SampleConverter(
@@ -119,7 +118,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         #: Loader statistics' shared table, or None (``StreamOptions(stats=True)``).
         self.stats_board = StatsBoard() if options.stats else None
         #: Which pass each process reads, and its resume (:mod:`.control`).
-        self.control = PassControl(PassInputs(VersionSet(source, opened), EpochChannel()))
+        versions = VersionSet(source, opened, pinned=version is not None)
+        self.control = PassControl(PassInputs(versions, EpochChannel(opened.number)))
 
     def __iter__(self) -> Iterator[Any]:
         return run_pass(self.control.next_job(self.convert, self.stats_board))
@@ -129,6 +129,16 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         return self.control.epoch_steps()
 
     # -- what was opened ----------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings, with the facts of the version fresh epochs read."""
+        return self.versions.opened.settings
+
+    @property
+    def shards(self) -> ShardList:
+        """The shards of the version fresh epochs read."""
+        return self.versions.opened.shards
 
     @property
     def options(self) -> StreamOptions:
@@ -176,8 +186,28 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """Read ``epoch`` in the next pass (shard order and shuffles); later passes count on.
 
         Optional: passes advance by themselves. Reaches persistent DataLoader workers too.
+        With ``StreamOptions(follow_versions=True)`` it also moves to the newest version (see
+        :meth:`refresh_version`): call it on every rank.
         """
         self.control.pin(int(epoch))
+
+    def refresh_version(self) -> VersionNumber:
+        """Read the newest published version from the next fresh epoch on; return it.
+
+        Every rank moves to the version rank 0 finds (under torch.distributed this is a
+        collective: call it on every rank at the same point, in the training process). An
+        epoch under way, and a resumed one, finish on the version they began with.
+        ``StreamOptions(follow_versions=True)`` calls it at each epoch's start.
+
+        Raises:
+            ConfigError: The dataset was made with ``version=N``, or with ranks given
+                explicitly, or rank 0's version cannot be read on every rank (names both).
+
+        Example:
+            >>> ds.refresh_version()  # doctest: +SKIP
+            3
+        """
+        return self.control.refresh()
 
     def context(self) -> Context:
         """Rank, world size (as seen by the training process) and the current worker."""

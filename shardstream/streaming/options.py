@@ -67,6 +67,11 @@ class StreamOptions:
             :mod:`shardstream.streaming.stats`. Off by default.
         stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
             often (from ``StreamingDataLoader``); None logs nothing.
+        follow_versions: Move to the newest published version of a dataset that grows at each
+            epoch's start, every rank together (rank 0 looks, the others follow): when a
+            ``StreamingDataLoader`` starts an epoch, and at ``set_epoch``. An epoch under way,
+            and a resumed one, keep the version they began with. Off: the dataset reads the
+            version it opened until it is made again (or ``refresh_version`` is called).
 
     Example:
         >>> StreamOptions(num_open=32).num_open
@@ -91,3 +96,4 @@ class StreamOptions:
     read_options: ReadOptions | None = None
     stats: bool = False
     stats_interval_s: float | None = None
+    follow_versions: bool = False

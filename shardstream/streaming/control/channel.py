@@ -12,7 +12,9 @@ spawned workers alike share:
   IterableDataset), identically in every worker and rank;
 - a *directive* for the next pass (epoch, earlier passes of the epoch, batches already
   consumed), posted by :class:`~shardstream.streaming.loader.StreamingDataLoader` before each
-  pass and taken once by every worker.
+  pass and taken once by every worker;
+- the version of a growing dataset fresh epochs read, which the training process settles
+  with the other ranks (:mod:`~shardstream.streaming.control.versions`) and may move on.
 
 Slots are per (number of workers, worker), so passes with another worker count, or a
 ``list(dataset)`` in the training process, count separately.
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.control.state import VersionNumber
 
 __all__ = ["MAX_WORKERS", "EpochChannel"]
 
@@ -55,12 +58,32 @@ class EpochChannel:
         (5, None)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, version: VersionNumber = None) -> None:
         import torch
 
         self._ints = torch.zeros(_FIRST_SLOT + _SLOT_INTS * _NUM_SLOTS, dtype=torch.int64)
         self._ints.share_memory_()
         self._text = torch.zeros(_DIRECTIVE_BYTES, dtype=torch.uint8).share_memory_()
+        # [kind, numbers...]: kind 0 no version, 1 a dataset's, 2 a mixture's (one per stream)
+        size = 1 + (len(version) if isinstance(version, tuple) else 1)
+        self._version = torch.zeros(size, dtype=torch.int64).share_memory_()
+        self.set_version(version)
+
+    @property
+    def version(self) -> VersionNumber:
+        """The version fresh epochs read (None: the dataset has no versions)."""
+        kind, numbers = int(self._version[0]), [int(n) for n in self._version[1:]]
+        return None if kind == 0 else numbers[0] if kind == 1 else tuple(numbers)
+
+    def set_version(self, version: VersionNumber) -> None:
+        """Make every process's next fresh epoch read ``version``."""
+        if isinstance(version, tuple):
+            for position, number in enumerate(version, start=1):
+                self._version[position] = number
+            self._version[0] = 2
+        else:
+            self._version[1] = version or 0
+            self._version[0] = 0 if version is None else 1
 
     @property
     def pinned(self) -> int:

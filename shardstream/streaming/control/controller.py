@@ -8,13 +8,21 @@ same pinned epoch and directives). It reads rank and world size in the training 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from shardstream.streaming.control.context import Context, current_context
+from shardstream.errors import ConfigError
+from shardstream.streaming.control import agreement
+from shardstream.streaming.control.context import Context, current_context, gather_from_ranks
 from shardstream.streaming.control.inputs import PassInputs
 from shardstream.streaming.control.passes import WorkerPass, start_pass
 from shardstream.streaming.control.run import WorkerJob
-from shardstream.streaming.control.state import PassState, WorkerPosition, encode_state
+from shardstream.streaming.control.state import (
+    PassState,
+    VersionNumber,
+    WorkerPosition,
+    encode_state,
+)
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.planning.split import Layout, samples_per_rank
 from shardstream.streaming.worker.stageclock import StatsBoard
@@ -31,6 +39,7 @@ class PassControl:
 
     def __init__(self, inputs: PassInputs) -> None:
         self.inputs = inputs
+        self._settled = False  # whether the ranks agreed on the version (torch.distributed)
         self._ranks = self._read_ranks()
         self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
         self._running: WorkerPass | None = None  # the pass under way in this process
@@ -43,14 +52,49 @@ class PassControl:
         return self.inputs.channel.pinned
 
     def pin(self, epoch: int) -> None:
-        """Read ``epoch`` in every process's next pass; read rank and world size again."""
+        """Read ``epoch`` in every process's next pass; read rank and world size again (and
+        with ``follow_versions``, move to the newest version)."""
         self.inputs.channel.pin(epoch)
         self._ranks = self._read_ranks()
+        if self.inputs.settings.options.follow_versions:
+            self.refresh()
 
     def _read_ranks(self) -> tuple[int, int]:
+        """Rank and world size; the first time torch.distributed gives them, the ranks settle
+        on one version (see :meth:`.versions.VersionSet.settle`)."""
         options = self.inputs.settings.options
         context = current_context(options.rank, options.world_size)
+        if not self._settled and options.rank is None and context.world_size > 1:
+            agreement.settle(self.inputs.versions, gather_from_ranks, context.rank)
+            self.inputs.channel.set_version(self.inputs.opened.number)
+            self._settled = True
         return context.rank, context.world_size
+
+    # -- versions -----------------------------------------------------------------------------
+
+    def refresh(self) -> VersionNumber:
+        """Move fresh epochs to the newest published version, every rank together.
+
+        Raises:
+            ConfigError: The ranks were given explicitly (they cannot agree), the version was
+                pinned, or not every rank can read rank 0's choice.
+        """
+        options = self.inputs.settings.options
+        if options.world_size is not None and options.world_size > 1:
+            raise ConfigError(
+                "ranks given with rank=/world_size= cannot move to a new version together "
+                "(that takes torch.distributed); make new datasets with version=N on every rank"
+            )
+        gather = functools.partial(gather_from_ranks, explicit_ranks=options.rank is not None)
+        number = agreement.refresh(self.inputs.versions, gather, self._ranks[0])
+        self.inputs.channel.set_version(number)
+        return number
+
+    def epoch_starts(self, after_pin: bool) -> None:
+        """A loader starts a fresh epoch in the training process: with ``follow_versions``,
+        move to the newest version (unless ``set_epoch`` did just now)."""
+        if self.inputs.settings.options.follow_versions and not after_pin:
+            self.refresh()
 
     def context(self) -> Context:
         """Rank, world size (as seen by the training process) and the current worker."""
@@ -81,13 +125,13 @@ class PassControl:
         pending, self._pending = self._pending, None
         running = start_pass(self.inputs, context, pending)
         self._running = running
-        inputs = self.inputs
+        version = self.inputs.versions.get(running.state.dataset_version)
         return WorkerJob(
             running=running,
             context=context,
-            shards=inputs.versions.get(running.state.dataset_version).shards,
-            settings=inputs.settings,
-            tag_streams=inputs.opened.mixture is not None,
+            shards=version.shards,
+            settings=version.settings,
+            tag_streams=version.mixture is not None,
             convert=convert,
             board=board,
         )

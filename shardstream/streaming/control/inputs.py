@@ -48,6 +48,12 @@ class PassInputs:
         return self.versions.opened
 
     @property
+    def fresh_version(self) -> VersionNumber:
+        """The version a fresh epoch reads: the one the training process settled on."""
+        version = self.channel.version
+        return self.opened.number if version is None else version
+
+    @property
     def settings(self) -> Settings:
         """The dataset's settings, with the opened version's facts."""
         return self.opened.settings

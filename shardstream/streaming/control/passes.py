@@ -85,9 +85,10 @@ def _fresh(inputs: PassInputs, context: Context, state: PassState, token: int) -
             )  # fmt: skip
         role, served = role_after(context.worker, context.num_workers, state.consumed)
         return WorkerPass(state, None, 0, role, token, WorkerStats(batches=served))
+    if state.dataset_version is None:  # a fresh epoch: the version the training process chose
+        state = dataclasses.replace(state, dataset_version=inputs.fresh_version)
     plan = inputs.plan(state, inputs.layout(context))
-    version = inputs.opened.number if state.dataset_version is None else state.dataset_version
-    state = dataclasses.replace(state, plan=plan.layout, dataset_version=version)
+    state = dataclasses.replace(state, plan=plan.layout)
     return WorkerPass(state, plan, state.consumed, context.worker, token, WorkerStats())
 
 

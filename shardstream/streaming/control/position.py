@@ -40,8 +40,8 @@ class LoaderPosition:
     def _planned(self, state: PassState, num_workers: int) -> PassState:
         """``state`` with its pass's plan layout fixed (a fresh pass: from this layout)."""
         inputs = self._inputs
-        if state.dataset_version is None:  # a fresh epoch reads the version the dataset opened
-            state = dataclasses.replace(state, dataset_version=inputs.opened.number)
+        if state.dataset_version is None:  # a fresh epoch reads the version the ranks settled
+            state = dataclasses.replace(state, dataset_version=inputs.fresh_version)
         if state.plan is not None or not inputs.counted:
             return state
         physical = self._control.layout(num_workers)
@@ -74,6 +74,8 @@ class LoaderPosition:
             state = PassState(self._control.epoch)
         elif done:
             state = PassState(state.epoch + 1)
+        if state is not self._state:  # a fresh epoch (follow_versions moves to the newest)
+            self._control.epoch_starts(after_pin=pinned)
         self._state = self._planned(state, num_workers)
         self._finished = False
         channel.post(self._state.as_dict())

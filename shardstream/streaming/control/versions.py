@@ -1,15 +1,17 @@
 """Which version of a growing dataset a pass reads.
 
 A :class:`~shardstream.streaming.StreamingDataset` opens one version (the newest published
-when it is made, or the one pinned with ``version=N``) and reads it in every fresh epoch. A
-pass records the version it reads in its state (``dataset_version``), so a job restarted
-after the dataset grew finishes the interrupted epoch on the version it began with, exactly,
-and the next epoch reads the version the restarted job opened. States saved before versions
-existed have no ``dataset_version``: they were saved on version 1 (the only version a dataset
-could have then). A mixture's version is the tuple of its streams' versions: a resumed epoch
-reads every stream at the version it began with.
+when it is made, or the one pinned with ``version=N``) and reads it in every fresh epoch; under
+torch.distributed every rank reads rank 0's, and the job may move on to newer versions between
+epochs (see :mod:`shardstream.streaming.control.agreement`). A pass records the version it
+reads in its state (``dataset_version``), so a job restarted after the dataset grew finishes
+the interrupted epoch on the version it began with, exactly, and the next epoch reads the
+version the restarted job opened. States saved before versions existed have no
+``dataset_version``: they were saved on version 1 (the only version a dataset could have
+then). A mixture's version is the tuple of its streams' versions: a resumed epoch reads every
+stream at the version it began with.
 
-Older versions are opened on demand, once per process; a version removed by
+Other versions are opened on demand, once per process (a few are kept); a version removed by
 ``shardstream prune`` cannot be resumed (the error says which and what to do).
 """
 
@@ -27,10 +29,12 @@ from shardstream.streaming.control.state import VersionNumber, version_number
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.settings import Settings
 
-__all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "open_version"]
+__all__ = ["DatasetVersion", "VersionNumber", "VersionSet", "open_version", "streams_of"]
 
 #: What a state without ``dataset_version`` was saved on (see the module docstring).
 LEGACY_VERSION = 1
+#: Versions other than the opened one a process keeps open (each holds its shard table).
+_KEPT_VERSIONS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +65,11 @@ def open_version(
 
     Raises:
         ConfigError: A mixture mixes ``Stream`` items with others, or is given ``version``
-            (it pins versions per stream), or ``epoch_size`` is given without a mixture.
+            (it pins versions per stream), or ``epoch_size`` is given without a mixture, or
+            ``follow_versions`` is set with ``version`` or with ranks given explicitly.
     """
-    streams = _streams_of(source)
+    _check_follow(settings, version)
+    streams = streams_of(source)
     if streams is not None:
         if version is not None:
             raise ConfigError("a mixture pins versions per stream: Stream(..., version=N)")
@@ -73,8 +79,29 @@ def open_version(
     return _open_single(cast(Source, source), settings, version)
 
 
-def _streams_of(source: Any) -> list[Stream] | None:
-    """The streams of a mixture, or None when ``source`` is not one."""
+def _check_follow(settings: Settings, version: int | None) -> None:
+    options = settings.options
+    if not options.follow_versions:
+        return
+    if version is not None:
+        raise ConfigError(
+            f"version={version} pins a version and follow_versions=True moves to the newest "
+            "at each epoch; pass one of them"
+        )
+    if options.world_size is not None and options.world_size > 1:
+        raise ConfigError(
+            "follow_versions=True moves every rank to the same version through "
+            "torch.distributed, but the ranks were given with rank=/world_size=; pin "
+            "version=N on every rank instead (and make new datasets to move on)"
+        )
+
+
+def streams_of(source: Any) -> list[Stream] | None:
+    """The streams of a mixture, or None when ``source`` is not one.
+
+    Raises:
+        ConfigError: A list mixes ``Stream`` items with others.
+    """
     streams = [source] if isinstance(source, Stream) else source
     if not isinstance(streams, (list, tuple)) or not any(isinstance(s, Stream) for s in streams):
         return None
@@ -115,17 +142,18 @@ def _open_single(source: Source, settings: Settings, version: int | None) -> Dat
 
 
 class VersionSet:
-    """The version a dataset opened, and older ones a resumed pass needs.
+    """The version fresh epochs read (``opened``), and others a resumed pass needs.
 
     Args:
         source: The dataset's source (a folder or URL with a manifest, a mixture's streams, or
             anything else).
         opened: The version opened at construction.
+        pinned: ``opened`` was asked for by number (``version=N``): it never moves.
     """
 
-    def __init__(self, source: Any, opened: DatasetVersion) -> None:
-        self.source, self.opened = source, opened
-        self._older: dict[Any, DatasetVersion] = {}
+    def __init__(self, source: Any, opened: DatasetVersion, pinned: bool = False) -> None:
+        self.source, self.opened, self.pinned = source, opened, pinned
+        self._others: dict[Any, DatasetVersion] = {}
 
     def number_for(self, saved: Mapping[str, Any]) -> VersionNumber:
         """The version a saved state's pass reads (``dataset_version``, or the legacy rule)."""
@@ -145,24 +173,45 @@ class VersionSet:
         """
         if number is None or number == self.opened.number:
             return self.opened
-        if number not in self._older:
+        if number not in self._others:
             if self.opened.number is None:
                 raise ConfigError(
                     f"{self.source!r} has no manifest versions, but the resume state was saved "
                     f"on version {number} of a dataset; resume with the dataset it was saved on"
                 )
             try:
-                self._older[number] = self._reopen(number)
+                self._keep(self._reopen(number))
             except ManifestNotFoundError as error:
                 raise ConfigError(
                     f"cannot resume: the state's epoch reads version {number} of the dataset, "
                     f"which can no longer be read ({error}). Start the epoch over without "
                     "load_state_dict, or restore that version's manifest."
                 ) from error
-        return self._older[number]
+        return self._others[number]
+
+    def other(self, number: int | tuple[int, ...]) -> DatasetVersion:
+        """Version ``number``, kept or opened now.
+
+        Raises:
+            ManifestNotFoundError: No such version (pruned, or never published).
+        """
+        return self._others.pop(number, None) or self._reopen(number)
+
+    def move_to(self, version: DatasetVersion) -> None:
+        """Read ``version`` in fresh epochs from now on (the one read so far is kept)."""
+        self._keep(self.opened)
+        self._others.pop(version.number, None)
+        self.opened = version
+
+    def _keep(self, version: DatasetVersion) -> None:
+        """Keep ``version`` for passes that need it (the fewest recently kept go first)."""
+        self._others.pop(version.number, None)
+        while len(self._others) >= _KEPT_VERSIONS:
+            self._others.pop(next(iter(self._others)))
+        self._others[version.number] = version
 
     def _reopen(self, number: int | tuple[int, ...]) -> DatasetVersion:
         settings = self.opened.settings
         if isinstance(number, tuple):
-            return _open_mixture(_streams_of(self.source) or [], settings, number)
+            return _open_mixture(streams_of(self.source) or [], settings, number)
         return _open_single(self.source, settings, number)
