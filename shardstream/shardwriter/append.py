@@ -33,7 +33,13 @@ from shardstream.format.manifest import Manifest, SkippedSample, read_manifest
 from shardstream.format.shardtable import ShardTable
 from shardstream.format.timminfo import write_timm_info
 from shardstream.shardwriter import state
-from shardstream.shardwriter.appendchecks import check_appendable, check_names_free, is_empty
+from shardstream.shardwriter.appendchecks import (
+    check_appendable,
+    check_names_free,
+    check_new_source,
+    is_empty,
+    source_history,
+)
 from shardstream.shardwriter.chunks import ProgressCallback, write_chunks
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.plan import plan_chunks
@@ -48,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 #: Settings that may differ between the runs of one append (or between appends of the same
 #: source) without changing what is appended.
-_IGNORED = frozenset({"source_path", "append_to"})
+_IGNORED = frozenset({"source_path", "append_to", "source_history"})
 
 
 def append_source(
@@ -120,6 +126,9 @@ def _append(
         if plan is not None and _comparable(plan) == _comparable(settings):
             state.remove_state(state_store)  # this append, killed after publishing, left it
         return base
+    history = source_history(dest, base)
+    check_new_source(dest, source_path, settings["source_fingerprint"], history)
+    settings["source_history"] = history
     check_appendable(dest, base, scanned, options)
     resuming = _claim(dest, state_store, settings)
     chunks = plan_chunks(scanned.table, options)

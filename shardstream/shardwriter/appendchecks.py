@@ -8,8 +8,10 @@ refused append leaves DEST exactly as it was.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
+from shardstream.catalog.versions import list_versions, version_name
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format import codecs
 from shardstream.format.manifest import Manifest
@@ -22,7 +24,7 @@ from shardstream.shardwriter.sources import LIST_SUFFIXES, ScannedSource
 from shardstream.shardwriter.state import shard_name
 from shardstream.storage import Store
 
-__all__ = ["check_appendable", "check_names_free", "is_empty"]
+__all__ = ["check_appendable", "check_names_free", "check_new_source", "is_empty", "source_history"]
 
 
 def is_empty(path: str) -> bool:
@@ -37,6 +39,51 @@ def is_empty(path: str) -> bool:
             rows = [line for line in itertools.islice(stream, 2) if line.strip()]
         return len(rows) <= (1 if path.lower().endswith(".csv") else 0)  # a CSV has a header
     return False  # not a source at all: scanning it says why
+
+
+def source_history(dest: Store, base: Manifest) -> dict[str, int]:
+    """Each source fingerprint the dataset's versions up to ``base`` record, with the first
+    version that holds it.
+
+    Versions record the history of the ones before them (``source_history``), so it survives
+    ``prune``; for a dataset whose versions predate that, the versioned manifests still there
+    are read once (their settings, which come first in the file).
+    """
+    recorded = base.settings.get("source_history")
+    history: dict[str, int] = {}
+    if isinstance(recorded, dict):
+        history.update((str(key), int(value)) for key, value in recorded.items())
+    else:
+        for version in list_versions(dest):
+            if version < base.version and dest.exists(version_name(version)):
+                settings = json.loads(dest.read_bytes(version_name(version))).get("settings")
+                fingerprint = (settings or {}).get("source_fingerprint")
+                if fingerprint:
+                    history.setdefault(str(fingerprint), version)
+    fingerprint = base.settings.get("source_fingerprint")
+    if fingerprint:
+        history.setdefault(str(fingerprint), base.version)
+    return history
+
+
+def check_new_source(
+    dest: Store, source_path: str, fingerprint: str, history: dict[str, int]
+) -> None:
+    """Refuse a source that a version of the dataset already holds.
+
+    Raises:
+        SourceError: Names the version that holds it.
+    """
+    version = history.get(fingerprint)
+    if version is None:
+        return
+    raise SourceError(
+        f"{source_path}: version {version} of {dest.shown()} already holds this source (the "
+        "same files, keys, labels and sizes); appending it again would put each of its "
+        "samples in the dataset twice, so nothing was written. To add new samples, append a "
+        "folder or list of only them; to read some data more often, mix datasets with "
+        "Stream(..., repeat=...)."
+    )
 
 
 def check_appendable(

@@ -63,6 +63,22 @@ def test_rerun_of_a_finished_append_publishes_nothing(grown):
     assert again.version == 2 and dataset_bytes(dest) == finished
 
 
+def test_appending_an_older_versions_source_again_is_refused(grown, tmp_path):
+    dest, day2 = grown
+    build_shards(day2, dest, append=True, **OPTIONS)
+    build_shards(write_day(tmp_path / "day3", 3, per_class=1), dest, append=True, **OPTIONS)
+    before = dataset_bytes(dest)
+    for source, version in ((tmp_path / "day1", 1), (day2, 2)):
+        with pytest.raises(SourceError, match=rf"version {version} of .* already holds this"):
+            build_shards(source, dest, append=True, **OPTIONS)
+    prune_versions(Store(str(dest)), keep=1)  # the history is in the newest version too
+    with pytest.raises(SourceError, match=r"version 2 of .* already holds this source"):
+        build_shards(day2, dest, append=True, resize=16, **OPTIONS)
+    after = dataset_bytes(dest)
+    assert {name: after[name] for name in before if name in after} == after
+    assert read_manifest(str(dest)).version == 3
+
+
 def test_second_append_and_old_versions_stay_readable_until_pruned(grown, tmp_path):
     dest, day2 = grown
     build_shards(day2, dest, append=True, **OPTIONS)
