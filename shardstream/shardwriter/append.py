@@ -133,7 +133,12 @@ def _append(
     resuming = _claim(dest, state_store, settings)
     chunks = plan_chunks(scanned.table, options)
     first = len(base.shards)
-    check_names_free(dest, base, first, len(chunks), resuming)
+    try:
+        check_names_free(dest, base, first, len(chunks), resuming)
+    except DatasetExistsError:
+        if not resuming:  # refused before writing anything: leave no claim behind either
+            state.remove_state(state_store)
+        raise
     results = write_chunks(scanned.table, chunks, dest, options, executor, progress, first)
     if published_version(dest) != base.version:
         raise _lost_race(dest, base.version)
@@ -193,7 +198,8 @@ def _claim(dest: Store, state_store: Store, settings: dict[str, Any]) -> bool:
             f"{dest.shown()}: another build or append into this dataset is unfinished or under "
             f"way ({dest.shown(state.STATE_FOLDER)}/{state.PLAN_NAME} records other settings, "
             f"another source or version {plan.get('append_to')!r}). Wait for it, or re-run "
-            "its command to finish it, then append again; or remove that folder to abandon it."
+            "its command to finish it, then append again; or, when it was an append that no "
+            f"longer runs, `shardstream abandon {dest.shown()}` removes what it wrote."
         )
     state.remove_temporaries(dest)
     return True
@@ -202,7 +208,7 @@ def _claim(dest: Store, state_store: Store, settings: dict[str, Any]) -> bool:
 def _lost_race(dest: Store, version: int) -> DatasetExistsError:
     return DatasetExistsError(
         f"{dest.shown()}: another append published a new version while this one ran on top of "
-        f"version {version}; nothing of this append was published. Remove "
-        f"{dest.shown(state.STATE_FOLDER)} and run the same command again to append on top of "
-        "the new version."
+        f"version {version}; nothing of this append was published. Run `shardstream abandon "
+        f"{dest.shown()}` (it removes this append's files) and then the same command again to "
+        "append on top of the new version."
     )

@@ -177,7 +177,8 @@ def check_names_free(
             if name in taken or name in present:
                 raise DatasetExistsError(
                     f"{dest.shown(name)}: exists already, and the append would write its shard "
-                    f"number {number} there (after the dataset's {first} shards). Move that "
-                    "file away (it is not part of the dataset's newest version unless listed), "
-                    "or index the folder with `shardstream index` instead."
+                    f"number {number} there (after the dataset's {first} shards); no published "
+                    "version lists it. If an append into this dataset was killed and is not to "
+                    f"be finished, `shardstream abandon {dest.shown()}` removes what it left; "
+                    "otherwise move that file away."
                 )
