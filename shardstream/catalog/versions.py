@@ -32,7 +32,9 @@ from shardstream.format.manifest import (
 from shardstream.storage import Store
 
 __all__ = [
+    "DEFAULT_KEEP",
     "list_versions",
+    "prune_plan",
     "prune_versions",
     "publish_version",
     "published_version",
@@ -134,28 +136,53 @@ def _create_once(store: Store, name: str, data: bytes, version: int) -> None:
     )
 
 
-def prune_versions(store: Store, keep: int = 1) -> list[int]:
-    """Remove all but the newest ``keep`` versions' manifests; return the versions removed.
+#: Versions ``prune`` keeps unless told otherwise: the published one and the one before it,
+#: which a job that started before the last append reads (and resumes) until its epoch ends.
+DEFAULT_KEEP = 2
 
-    Shards are never removed: every version's shards are also the newest version's.
+
+def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, int]]:
+    """What :func:`prune_versions` would remove: per version, its files and their sizes.
+
+    Raises:
+        ValueError: ``keep`` is below 1.
 
     Example:
-        >>> prune_versions(Store("shards/train"), keep=2)  # doctest: +SKIP
-        [1, 2]
+        >>> prune_plan(Store("shards/train"), keep=2)  # doctest: +SKIP
+        {1: {'manifest.v000001.json': 1375}}
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (the published version), got {keep}")
     versions = list_versions(store)
     newest = published_version(store)
     published_table = _table_of(store, MANIFEST_NAME)
-    removed = [v for v in versions[: max(0, len(versions) - keep)] if v != newest]
-    for version in removed:
+    plan: dict[int, dict[str, int]] = {}
+    for version in versions[: max(0, len(versions) - keep)]:
         name = version_name(version)
-        table = _table_of(store, name) if store.exists(name) else None
-        if table is not None and table != published_table:
-            store.remove(table)
-        store.remove(name)
-    return removed
+        if version == newest or not store.exists(name):
+            continue
+        table = _table_of(store, name)
+        names = [name] if table is None or table == published_table else [table, name]
+        plan[version] = {item: store.size(item) for item in names if store.exists(item)}
+    return plan
+
+
+def prune_versions(store: Store, keep: int = DEFAULT_KEEP) -> list[int]:
+    """Remove all but the newest ``keep`` versions' manifests; return the versions removed.
+
+    Shards are never removed: every version's shards are also the newest version's. A job
+    whose epoch reads a removed version cannot resume that epoch, so keep every version a
+    running job (or a checkpoint you may resume) reads.
+
+    Example:
+        >>> prune_versions(Store("shards/train"), keep=2)  # doctest: +SKIP
+        [1, 2]
+    """
+    plan = prune_plan(store, keep)
+    for files in plan.values():
+        for name in files:  # the table first: a manifest without its table is never left
+            store.remove(name)
+    return list(plan)
 
 
 def _table_of(store: Store, name: str) -> str | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, shown, storage_options
+from shardstream.catalog.versions import DEFAULT_KEEP
+from shardstream.cli.common import add_storage_options, human, shown, storage_options
 from shardstream.storage import Store
 
 __all__ = ["add_prune"]
@@ -17,24 +18,39 @@ def add_prune(subparsers: Any) -> None:
     )
     parser.add_argument("dest")
     parser.add_argument(
-        "--keep", type=int, default=1, metavar="N",
-        help="versions to keep, newest first; the published one always stays (default: 1)",
+        "--keep", type=int, default=DEFAULT_KEEP, metavar="N",
+        help="versions to keep, newest first; the published one always stays (default: "
+        f"{DEFAULT_KEEP}: the published one and the one before it, which jobs started before "
+        "the last append read until their epoch ends). A job cannot resume an epoch whose "
+        "version was removed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="list the versions and files that would be removed, with their sizes",
     )  # fmt: skip
     add_storage_options(parser)
     parser.set_defaults(handler=_run_prune)
 
 
 def _run_prune(args: argparse.Namespace) -> int:
-    from shardstream.catalog.versions import list_versions, prune_versions
+    from shardstream.catalog.versions import list_versions, prune_plan, prune_versions
     from shardstream.errors import ConfigError
 
     if args.keep < 1:
         raise ConfigError(f"--keep must be at least 1 (the published version), got {args.keep}")
     store = Store(args.dest, storage_options(args))
-    removed = prune_versions(store, keep=args.keep)
-    kept = list_versions(store)
+    plan = prune_plan(store, keep=args.keep)
+    if not args.dry_run:
+        prune_versions(store, keep=args.keep)
+    kept = [version for version in list_versions(store) if version not in plan]
+    files = {name: size for version_files in plan.values() for name, size in version_files.items()}
+    verb = "would remove" if args.dry_run else "removed"
+    count = f"{len(files)} file{'' if len(files) == 1 else 's'}"
     print(
-        f"{shown(args)}: removed versions {removed or 'none'}; readable versions {kept} "
-        "(shards are shared by every version and stay)"
+        f"{shown(args)}: {verb} versions {list(plan) or 'none'} ({count}, "
+        f"{human(sum(files.values()))}); readable versions {kept} (shards are shared by every "
+        "version and stay)"
     )
+    for name, size in files.items():
+        print(f"  {name}  {human(size)}")
     return 0

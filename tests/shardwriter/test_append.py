@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from shardstream.catalog.versions import list_versions, prune_versions, read_version
+from shardstream.cli.common import human
 from shardstream.errors import (
     ConfigError,
     DatasetExistsError,
@@ -189,7 +190,17 @@ def test_cli_append_inspect_versions_and_prune(grown):
     assert "version 1: 8 samples in 3 shards" in listing
     assert "version 2: 14 samples in 5 shards (published)" in listing
     assert "samples:  8" in run("inspect", str(dest), "--version", "1")
-    assert "removed versions [1]" in run("prune", str(dest))
+    assert "removed versions none" in run("prune", str(dest))  # the default keeps 2 versions
+    build_shards(write_day(dest.parent / "day3", 3, per_class=1), dest, append=True, **OPTIONS)
+    listed = run("prune", str(dest), "--keep", "1", "--dry-run")
+    assert "would remove versions [1, 2] (2 files, " in listed and "readable versions [3]" in listed
+    sizes = {name: (dest / name).stat().st_size for name in ("manifest.v000001.json",
+                                                             "manifest.v000002.json")}  # fmt: skip
+    for name, size in sizes.items():
+        assert f"  {name}  {human(size)}\n" in listed
+    assert all((dest / name).exists() for name in sizes)
+    assert "removed versions [1] (1 file," in run("prune", str(dest))
+    assert [(dest / name).exists() for name in sizes] == [False, True]
     done = subprocess.run([*cli, "inspect", str(dest), "--version", "1"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "has no version 1" in done.stderr
@@ -209,7 +220,7 @@ def test_append_to_a_dataset_with_a_binary_shard_table(grown, monkeypatch):
     )
     store = Store(str(dest))
     assert read_version(store, 1).num_samples == 8 and read_manifest(store).num_samples == 14
-    prune_versions(store)
+    prune_versions(store, keep=1)
     assert find_problems(store, read_manifest(store)) == []
     assert sorted(p.name for p in dest.glob("manifest*")) == names[:1] + names[2:]
 
@@ -234,6 +245,7 @@ def test_pruning_version_1_of_a_binary_table_dataset_removes_its_table(tmp_path,
     build_shards(write_day(tmp_path / "day2", 2), dest, append=True, **OPTIONS)
     store = Store(str(dest))
     assert read_version(store, 1).num_samples == 8  # still through manifest.shards
-    assert prune_versions(store) == [1]
+    assert prune_versions(store) == []  # the default keeps the version before the newest
+    assert prune_versions(store, keep=1) == [1]
     assert not (dest / "manifest.shards").exists()
     assert find_problems(store, read_manifest(store)) == []

@@ -57,7 +57,7 @@ def test_versions_are_read_by_number(dataset):
     assert len(old_keys) == 24 and not any("day2" in key for key in old_keys)
     assert sum("day2" in key for key in keys_of(StreamingDataLoader(new))) == 10
     assert len(RandomAccessDataset(root, version=1, decode="raw")) == 24
-    prune_versions(Store(str(root)))
+    prune_versions(Store(str(root)), keep=1)
     with pytest.raises(ManifestNotFoundError, match="has no version 1"):
         _make(root, version=1)
 
@@ -102,7 +102,7 @@ def test_resume_on_a_pruned_version_is_refused(dataset):
     keys_of(itertools.islice(loader, 2))
     state = loader.state_dict()
     build_shards(day2, root, append=True, **BUILD)
-    prune_versions(Store(str(root)))
+    prune_versions(Store(str(root)), keep=1)
     with pytest.raises(ConfigError, match="reads version 1 of the dataset, which can no longer"):
         StreamingDataLoader(_make(root)).load_state_dict(state)
 
