@@ -73,13 +73,21 @@ def _race(rank: int, trial: int, root: str, work: pathlib.Path, prune: bool) -> 
     return _make(root)
 
 
-def _run(rank: int, root: str, store: str, work: str, trials: int, prune: bool) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+def _run(rank: int, root: str, store: str, work: str, trials: int, mode: str) -> None:
+    """``mode``: "race", "prune" (rank 1 prunes what rank 0 opened), or "late" (the datasets
+    are made before the process group exists, and settle at ``set_epoch``)."""
+    if mode != "late":
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
         results = []
         for trial in range(trials):
             try:
-                dataset = _race(rank, trial, root, pathlib.Path(work), prune)
+                dataset = _race(rank, trial, root, pathlib.Path(work), mode == "prune")
+                if mode == "late":
+                    dist.init_process_group(
+                        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD
+                    )
+                    dataset.set_epoch(0)
                 results.append({"version": dataset.version, "len": len(dataset),
                                 "keys": keys_of(dataset)})  # fmt: skip
             except ConfigError as error:
@@ -91,10 +99,10 @@ def _run(rank: int, root: str, store: str, work: str, trials: int, prune: bool) 
     exit_rank_cleanly()
 
 
-def _spawn(tmp_path: pathlib.Path, trials: int, prune: bool = False) -> list[list[dict]]:
+def _spawn(tmp_path: pathlib.Path, trials: int, mode: str = "race") -> list[list[dict]]:
     root = tmp_path / "ds"
     build_shards(write_day(tmp_path / "day1", 1, per_class=3), root, **BUILD)  # 6 samples
-    args = (str(root), str(tmp_path / "store"), str(tmp_path), trials, prune)
+    args = (str(root), str(tmp_path / "store"), str(tmp_path), trials, mode)
     mp.spawn(_run, args=args, nprocs=WORLD, join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
@@ -117,7 +125,15 @@ def test_ranks_read_the_version_rank_0_opened_in_every_race(tmp_path: pathlib.Pa
 
 @pytest.mark.slow
 def test_ranks_stop_together_when_rank_0s_version_was_pruned(tmp_path: pathlib.Path) -> None:
-    (first,), (second,) = _spawn(tmp_path, 1, prune=True)
+    (first,), (second,) = _spawn(tmp_path, 1, "prune")
     for result in (first, second):  # rank 0 opened version 1; rank 1 only finds version 2
         assert "rank 0: version 1, rank 1: version 2" in result["error"]
         assert "not every rank can read version 1" in result["error"]
+
+
+@pytest.mark.slow
+def test_ranks_settle_at_set_epoch_when_the_process_group_came_later(tmp_path) -> None:
+    (zero,), (one,) = _spawn(tmp_path, 1, "late")  # rank 0 opened version 1, rank 1 version 2
+    assert zero["version"] == one["version"] == 1 and zero["len"] == one["len"] == 3
+    keys = zero["keys"] + one["keys"]
+    assert len(keys) == len(set(keys)) == 6 and not any("day2" in key for key in keys)
