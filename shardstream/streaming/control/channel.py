@@ -14,7 +14,7 @@ spawned workers alike share:
   consumed), posted by :class:`~shardstream.streaming.loader.StreamingDataLoader` before each
   pass and taken once by every worker;
 - the version of a growing dataset fresh epochs read, which the training process settles
-  with the other ranks (:mod:`~shardstream.streaming.control.versions`) and may move on.
+  with the other ranks (:mod:`~shardstream.streaming.control.agreement`) and may move on.
 
 Slots are per (number of workers, worker), so passes with another worker count, or a
 ``list(dataset)`` in the training process, count separately.

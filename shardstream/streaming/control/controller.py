@@ -61,7 +61,7 @@ class PassControl:
 
     def _read_ranks(self) -> tuple[int, int]:
         """Rank and world size; the first time torch.distributed gives them, the ranks settle
-        on one version (see :meth:`.versions.VersionSet.settle`)."""
+        on one version (see :func:`.agreement.settle`)."""
         options = self.inputs.settings.options
         context = current_context(options.rank, options.world_size)
         if not self._settled and options.rank is None and context.world_size > 1:
