@@ -189,7 +189,7 @@ def test_cli_append_inspect_versions_and_prune(grown):
     listing = run("inspect", str(dest))
     assert "version 1: 8 samples in 3 shards" in listing
     assert "version 2: 14 samples in 5 shards (published)" in listing
-    assert "samples:  8" in run("inspect", str(dest), "--version", "1")
+    assert "samples:  8" in run("inspect", str(dest), "--at-version", "1")
     assert "removed versions none" in run("prune", str(dest))  # the default keeps 2 versions
     build_shards(write_day(dest.parent / "day3", 3, per_class=1), dest, append=True, **OPTIONS)
     listed = run("prune", str(dest), "--keep", "1", "--dry-run")
@@ -201,7 +201,7 @@ def test_cli_append_inspect_versions_and_prune(grown):
     assert all((dest / name).exists() for name in sizes)
     assert "removed versions [1] (1 file," in run("prune", str(dest))
     assert [(dest / name).exists() for name in sizes] == [False, True]
-    done = subprocess.run([*cli, "inspect", str(dest), "--version", "1"], capture_output=True,
+    done = subprocess.run([*cli, "inspect", str(dest), "--at-version", "1"], capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "has no version 1" in done.stderr
 
