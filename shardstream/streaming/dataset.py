@@ -8,6 +8,7 @@ from typing import Any
 import torch.utils.data
 
 from shardstream.catalog.shardlist import ShardList, Source
+from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.control.channel import EpochChannel
 from shardstream.streaming.control.context import Context
@@ -58,8 +59,12 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             reduced scale.
         batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
             batch_size=None)``); None yields single samples.
-        policy: ``"pad"`` (every sample at least once, < world_size repeated) or ``"drop"``
-            (every sample at most once, < world_size left out).
+        policy: ``"pad"`` (every sample at least once, < world_size repeated), ``"drop"``
+            (every sample at most once, < world_size left out) or ``"mask"`` for evaluation:
+            every sample exactly once over all ranks, every rank the same number of batches,
+            and the filler entries that even them out (real samples read again) marked False
+            in a bool ``valid`` tensor: ``(images, labels, valid)``, or the ``__valid__`` field
+            of dict batches and samples. Needs sample counts (a manifest).
         on_error: ``"raise"`` (default) or ``"skip"`` corrupt samples and truncated shards,
             logging and counting them.
         options: Less common settings, see :class:`StreamOptions`.
@@ -108,6 +113,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         options = options or StreamOptions()
         settings = Settings(seed, shuffle, policy, batch_size, on_error, epoch_size, options)
         opened = open_version(source, settings, version)
+        if policy == "mask" and not opened.shards.counted:
+            raise ConfigError(
+                f"policy='mask' needs every shard's sample count to mark the fillers, and "
+                f"{source!r} has no manifest; run `shardstream index` on the shards first"
+            )
         worker_decode, gpu_decode = resolve_gpu_decode(decode, transform, on_error)
         #: Decodes and transforms one raw sample (in the workers).
         self.convert = SampleConverter(

@@ -7,6 +7,8 @@ the shard's index: one ranged read on an object store (after the shard's index, 
 cached), one memory map locally. Looking a sample up by key uses the key hashes the indexes
 hold: the first lookup builds a sorted table of them (16 bytes per sample), later ones are a
 binary search. Views (:mod:`shardstream.catalog.views`) work alike, over their kept samples.
+:meth:`RandomAccessDataset.evaluation_part` gives each rank an equal share for evaluation that
+counts every sample exactly once (:class:`EvaluationPart`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import torch.utils.data
 from shardstream.catalog.shardlist import Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
+from shardstream.streaming.control.context import current_context
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.worker.reader import ReadSettings, ShardReader
 
-__all__ = ["RandomAccessDataset"]
+__all__ = ["EvaluationPart", "RandomAccessDataset"]
 
 
 class RandomAccessDataset(torch.utils.data.Dataset):
@@ -132,6 +135,25 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         """The sample with ``key``, converted as ``ds[i]`` is."""
         return self[self.index_of(key)]
 
+    def evaluation_part(
+        self, rank: int | None = None, world_size: int | None = None
+    ) -> EvaluationPart:
+        """This rank's share for exact evaluation: see :class:`EvaluationPart`.
+
+        Args:
+            rank: This rank (with ``world_size``; default ``StreamOptions(rank=...)``, else
+                ``torch.distributed``).
+            world_size: Number of ranks.
+
+        Example:
+            >>> part = ds.evaluation_part()  # doctest: +SKIP
+            >>> for images, labels, valid in DataLoader(part, batch_size=64): ...  # doctest: +SKIP
+        """
+        if rank is None and world_size is None:
+            rank, world_size = self.options.rank, self.options.world_size
+        context = current_context(rank, world_size)
+        return EvaluationPart(self, context.rank, context.world_size)
+
     def _key_table(self) -> tuple[np.ndarray, np.ndarray]:
         """Every sample's key hash, sorted, with its position (built once, from the indexes)."""
         if self._keys is None:
@@ -152,3 +174,42 @@ class RandomAccessDataset(torch.utils.data.Dataset):
             order = np.argsort(hashes, kind="stable")
             self._keys = (hashes[order], order.astype(np.int64))
         return cast(tuple[np.ndarray, np.ndarray], self._keys)
+
+
+class EvaluationPart(torch.utils.data.Dataset):
+    """One rank's equal share of a :class:`RandomAccessDataset`, each sample marked ``__valid__``.
+
+    Every rank gets ``ceil(N / world_size)`` positions, rank ``r`` those from ``r * P`` on, so
+    a plain DataLoader (no ``DistributedSampler``) gives every rank the same number of batches.
+    The positions past the end wrap around to the start: those *fillers* are real samples (the
+    same shapes and transforms) marked invalid, so over all ranks the valid entries are every
+    sample exactly once. A sample is ``(image, label, valid)``, or a dict with ``__valid__``;
+    ``default_collate`` makes ``valid`` a bool tensor.
+
+    Args:
+        dataset: The random access dataset.
+        rank: This rank.
+        world_size: Number of ranks.
+
+    Example:
+        >>> part = EvaluationPart(ds, rank=1, world_size=4)  # doctest: +SKIP
+        >>> image, label, valid = part[0]  # doctest: +SKIP
+    """
+
+    def __init__(self, dataset: RandomAccessDataset, rank: int, world_size: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.dataset, self.rank, self.world_size = dataset, rank, world_size
+        self._per_rank = -(-len(dataset) // world_size)
+
+    def __len__(self) -> int:
+        return self._per_rank
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < self._per_rank:
+            raise IndexError(f"index {index} of an evaluation part of {self._per_rank} samples")
+        position = self.rank * self._per_rank + index
+        total = len(self.dataset)
+        sample = self.dataset.raw(position % total)
+        sample["__valid__"] = position < total
+        return self.dataset.convert(sample)

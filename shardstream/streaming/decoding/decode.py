@@ -114,6 +114,9 @@ def _decode_one(
 class SampleConverter:
     """Turns a raw sample into what the dataset yields: ``(image, label)`` or a dict.
 
+    A sample marked ``__valid__`` (``policy="mask"``) keeps the mark: ``(image, label, valid)``,
+    or the dict's ``__valid__`` field.
+
     The decode/transform policy lives here: a torchvision v2 ``Compose`` that starts with
     ``RandomResizedCrop`` takes the fast crop decoder (see
     :mod:`shardstream.streaming.decoding.fastcrop`), which also applies the transform; otherwise the
@@ -186,7 +189,8 @@ class SampleConverter:
             if clock is not None:
                 clock.transform_s += time.perf_counter() - decoded
         if self.output == "pair":
-            return image, label
+            valid = fields.get("__valid__")  # policy="mask": a third item says whether it counts
+            return (image, label) if valid is None else (image, label, valid)
         return {**fields, "image": image, "label": label}
 
 

@@ -15,7 +15,8 @@ x lanes, never with the samples.
 The next pass plans that list like a whole epoch (equal parts per rank, ``pad``/``drop``), so
 every rank again gets the same number of batches. Positions, not samples, are what is left: a
 sample that the pass would have read twice (a ``pad`` repeat, a mixture that repeats a small
-stream) and that was read once is still left once.
+stream) and that was read once is still left once. A ``mask`` filler is not a position of the
+sequence, so it is never left: with ``mask`` every sample comes exactly once across restarts.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def _stream_left(
     if offset:
         window = build_window(sequence, shape, options, stream, index)
         taken = window.taken_per_run(offset).tolist()
-        for run, done in zip(window.runs, taken, strict=True):
-            ranges.append((run.position + done, run.position + run.num_samples))
+        for run, done, filler in zip(window.runs, taken, window.fillers.tolist(), strict=True):
+            if not filler:  # a "mask" filler is no sample of the epoch: nothing is left of it
+                ranges.append((run.position + done, run.position + run.num_samples))
         free_from = [min(length, (index + 1) * piece) for length in lanes.lengths.tolist()]
     first_units = []
     for lane, (start, length) in enumerate(zip(free_from, lanes.lengths.tolist(), strict=True)):
@@ -133,6 +135,7 @@ def _units_to_base(
 def _part_to_base(
     sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int
 ) -> list[tuple[int, int]]:
+    stop = min(stop, shape.real_end(rank))  # "mask" fillers are not left: never samples
     if start >= stop:
         return []
     return [

@@ -5,7 +5,9 @@ A *pass* reads a virtual sequence of ``L`` samples (an epoch, or what is left of
 
 1. The sequence is cut into ``W`` equal parts of ``P`` samples. ``"pad"`` rounds up and wraps
    around to the start (every sample at least once, fewer than ``W`` twice); ``"drop"`` rounds
-   down (fewer than ``W`` left out).
+   down (fewer than ``W`` left out); ``"mask"`` pads as ``"pad"`` does but marks the wrapped
+   positions as *fillers* (real samples read again, so shapes never differ, that an evaluation
+   leaves out: every sample exactly once over all ranks, see :meth:`Shape.real_end`).
 2. A rank's part is cut into *units* of ``D`` samples, a multiple of ``b``; unit ``j`` goes to
    worker stream ``j % N``. Every rank has the same part length, so every rank has the same
    counts, and only the stream holding the part's last unit ends on a short batch. The units
@@ -38,7 +40,7 @@ __all__ = [
     "samples_per_rank",
 ]
 
-POLICIES = ("pad", "drop")
+POLICIES = ("pad", "drop", "mask")
 #: Defaults shared by :class:`PlanOptions` and ``StreamOptions`` (one place to change them).
 DEFAULT_BLOCK_SIZE = 64
 DEFAULT_PIECE_SIZE = 64
@@ -52,7 +54,7 @@ class PlanOptions:
     Attributes:
         seed: Base seed of every random choice.
         shuffle: Permute the shard order and interleave pieces per epoch.
-        policy: ``"pad"`` or ``"drop"`` (see the module docstring).
+        policy: ``"pad"``, ``"drop"`` or ``"mask"`` (see the module docstring).
         block_size: Samples per unit dealt to worker streams, rounded up to the batch size.
         piece_size: Longest run of consecutive samples read from one place of a shard.
         num_open: Pieces interleaved at once: a worker stream is read in windows of about
@@ -97,10 +99,10 @@ class Layout:
 
 
 def samples_per_rank(num_samples: int, world_size: int, policy: str = "pad") -> int:
-    """Samples every rank yields per pass: ``ceil`` (pad) or ``floor`` (drop) of N / world."""
-    if policy == "pad":
-        return -(-num_samples // world_size)
-    return num_samples // world_size
+    """Samples every rank yields per pass: ``ceil`` (pad, mask) or ``floor`` (drop) of N / world."""
+    if policy == "drop":
+        return num_samples // world_size
+    return -(-num_samples // world_size)
 
 
 def _unit_size(per_rank: int, num_streams: int, batch: int, block_size: int) -> int:
@@ -124,6 +126,7 @@ class Shape:
         piece_size: Samples a stream takes from each lane per window.
         stream_samples: Samples of each of the ``N`` streams (non-increasing).
         stream_batches: Batches of each stream.
+        masked: The wrapped positions are fillers (``"mask"``), not repeats (``"pad"``).
 
     Example:
         >>> shape = Shape.of(100, Layout(2, 2, 8), PlanOptions(block_size=16))
@@ -140,6 +143,7 @@ class Shape:
     piece_size: int
     stream_samples: np.ndarray
     stream_batches: np.ndarray
+    masked: bool = False
 
     @classmethod
     def of(cls, length: int, layout: Layout, options: PlanOptions) -> Shape:
@@ -162,7 +166,10 @@ class Shape:
             # about num_open * piece_size samples, so it still mixes that many. (Whole-shard
             # orders, chunk_size=0, keep the pieces of shardstream 0.2, whose states resume.)
             piece *= max(1, options.num_open // lanes)
-        return cls(length, layout, per_rank, unit, lanes, lane_units, piece, samples, batches)
+        return cls(
+            length, layout, per_rank, unit, lanes, lane_units, piece, samples, batches,
+            options.policy == "mask",
+        )  # fmt: skip
 
     @property
     def steps(self) -> int:
@@ -198,6 +205,21 @@ class Shape:
         """Samples of each stream that the first ``steps`` steps took."""
         taken = self.consumed_batches(steps) * self.layout.batch_size
         return np.minimum(self.stream_samples, taken)
+
+    def real_end(self, rank: int) -> int:
+        """Rank-part positions of ``rank`` before its first filler (``per_rank`` if none).
+
+        With ``"mask"``, part position ``p`` of rank ``r`` is a filler when ``r * P + p`` is past
+        the sequence's end: it wrapped around to a sample some rank reads at its real place.
+
+        Example:
+            >>> shape = Shape.of(10, Layout(4, 1, 1), PlanOptions(policy="mask"))
+            >>> [shape.real_end(rank) for rank in range(4)]
+            [3, 3, 3, 1]
+        """
+        if not self.masked:
+            return self.per_rank
+        return min(self.per_rank, max(0, self.length - rank * self.per_rank))
 
     @property
     def num_units(self) -> int:

@@ -127,6 +127,7 @@ class Window:
         lanes: The lane of each run.
         labels: For each output position, the run it comes from.
         ordinals: For each output position, the sample's number within its run.
+        fillers: For each run, whether it holds fillers (``"mask"``: read, but not counted).
     """
 
     index: int
@@ -135,6 +136,7 @@ class Window:
     lanes: list[int]
     labels: np.ndarray
     ordinals: np.ndarray
+    fillers: np.ndarray
 
     @property
     def num_samples(self) -> int:
@@ -197,15 +199,18 @@ def build_window(
         ([(0, 0, 2), (1, 2, 4)], [0, 1, 0, 1])
     """
     lanes = StreamLanes(shape, stream.phase)
-    piece = shape.piece_size
+    piece, real_end = shape.piece_size, shape.real_end(stream.rank)
     runs: list[Run] = []
     run_lanes: list[int] = []
+    fillers: list[bool] = []
     for lane, length in enumerate(lanes.lengths.tolist()):
         start, stop = index * piece, min((index + 1) * piece, length)
         for first, end in lanes.rank_ranges(lane, start, stop):
-            found = part_runs(sequence, shape, stream.rank, first, end)
-            runs.extend(found)
-            run_lanes.extend([lane] * len(found))
+            for low, high in ((first, min(end, real_end)), (max(first, real_end), end)):
+                found = part_runs(sequence, shape, stream.rank, low, high) if low < high else []
+                runs.extend(found)
+                run_lanes.extend([lane] * len(found))
+                fillers.extend([low >= real_end] * len(found))
     lengths = np.fromiter((run.num_samples for run in runs), np.int64, len(runs))
     labels = np.repeat(np.arange(len(runs), dtype=np.int64), lengths)
     firsts = np.zeros(len(runs), dtype=np.int64)
@@ -217,4 +222,5 @@ def build_window(
         ordinals[order] = np.arange(len(labels)) - np.repeat(firsts, lengths)
     else:
         ordinals = np.arange(len(labels), dtype=np.int64) - np.repeat(firsts, lengths)
-    return Window(index, lanes.before(index), runs, run_lanes, labels, ordinals)
+    filler_runs = np.array(fillers, dtype=bool)
+    return Window(index, lanes.before(index), runs, run_lanes, labels, ordinals, filler_runs)

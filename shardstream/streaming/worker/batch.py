@@ -145,19 +145,36 @@ def collate_encoded(
 
 
 def collate_pairs(
-    pairs: Sequence[tuple[Any, int]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
-) -> tuple[Any, Any]:
+    pairs: Sequence[tuple[Any, ...]], buffers: int = DEFAULT_BUFFERS, shared: bool = False
+) -> tuple[Any, ...]:
     """``[(image, label), ...]`` -> ``(images, labels)`` with ``labels`` an int64 tensor.
 
-    ``shared``: in a DataLoader worker (images to shared memory, labels inlined).
+    Samples of ``policy="mask"``, ``(image, label, valid)``, give ``(images, labels, valid)``
+    with ``valid`` a bool tensor. ``shared``: in a DataLoader worker (images to shared memory,
+    small tensors inlined).
+
+    Example:
+        >>> _, labels, valid = collate_pairs([(b"a", 1, True), (b"b", 2, False)])
+        >>> labels.tolist(), valid.tolist()
+        ([1, 2], [True, False])
     """
+    images = stack_or_list([pair[0] for pair in pairs], True, buffers, shared)
+    labels = _small_tensor([pair[1] for pair in pairs], "int64", shared)
+    if pairs and len(pairs[0]) == 3:
+        return images, labels, _small_tensor([pair[2] for pair in pairs], "bool", shared)
+    return images, labels
+
+
+def _small_tensor(values: Sequence[Any], dtype: str, shared: bool) -> Any:
+    """Labels or validity marks as one tensor (inlined into the pickle in a worker)."""
     import torch
 
-    images = stack_or_list([image for image, _ in pairs], True, buffers, shared)
-    labels = torch.tensor([label for _, label in pairs], dtype=torch.int64)
-    if shared:
-        labels = inline(labels)
-    return images, labels
+    tensor = torch.tensor(values, dtype=getattr(torch, dtype))
+    return inline(tensor) if shared else tensor
+
+
+#: Fields of a sample dict collated into one small tensor, with its dtype.
+_TENSOR_FIELDS = {"label": "int64", "__valid__": "bool"}
 
 
 def collate_dicts(
@@ -165,18 +182,16 @@ def collate_dicts(
 ) -> dict[str, Any]:
     """List of sample dicts -> dict of batched fields (``label`` a tensor, images stacked).
 
-    Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes.
-    ``shared`` is as in :func:`collate_pairs`.
+    Raw ``image`` bytes become :class:`ByteViews`; other bytes fields stay lists of bytes;
+    ``__valid__`` (``policy="mask"``) becomes a bool tensor. ``shared`` is as in
+    :func:`collate_pairs`.
     """
-    import torch
-
     keys = list(samples[0]) if samples else []
     batch: dict[str, Any] = {}
     for key in keys:
         values = [sample.get(key) for sample in samples]
-        if key == "label":
-            labels = torch.tensor(values, dtype=torch.int64)
-            batch[key] = inline(labels) if shared else labels
+        if key in _TENSOR_FIELDS:
+            batch[key] = _small_tensor(values, _TENSOR_FIELDS[key], shared)
         else:
             batch[key] = stack_or_list(values, key == "image", buffers, shared)
     return batch

@@ -37,6 +37,7 @@ class StreamCursor:
         self._lanes = StreamLanes(plan.shape, stream.phase)
         self._labels: list[int] = []
         self._ordinals: list[int] = []
+        self._fillers: list[bool] | None = None  # per piece, with "mask": holds fillers
         self._runs: list[Iterator[Any] | None] = []
         self._next: list[int] = []  # per piece, the ordinal its open run yields next
         self._ahead: tuple[int, Window] | None = None  # the next window, built to announce it
@@ -65,6 +66,7 @@ class StreamCursor:
             window = build_window(plan.sequence, plan.shape, plan.options, self._stream, index)
         self._window = window
         self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
+        self._fillers = window.fillers.tolist() if plan.shape.masked else None
         self._runs = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
         if self._reader.remote and self._lanes.before(index + 1) < self._lanes.total:
@@ -99,13 +101,18 @@ class StreamCursor:
         self._reader.prefetch(announced, self)
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
-        runs, expected = self._runs, self._next
+        """The window's samples at ``[first, end)``; with ``"mask"``, each marked ``__valid__``
+        (False for a filler: a real sample read again so every rank has equal batches)."""
+        runs, expected, fillers = self._runs, self._next, self._fillers
         for label, ordinal in zip(self._labels[first:end], self._ordinals[first:end], strict=True):
             run = runs[label]
             if run is None or expected[label] != ordinal:
                 run = self._open(window, label, ordinal)
             expected[label] = ordinal + 1
-            yield next(run)
+            sample = next(run)
+            if fillers is not None and sample is not None:  # None: skipped (on_error="skip")
+                sample["__valid__"] = not fillers[label]
+            yield sample
 
     def _open(self, window: Window, label: int, ordinal: int) -> Iterator[Any]:
         old = self._runs[label]
