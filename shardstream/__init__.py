@@ -25,6 +25,7 @@ from shardstream.errors import (
     DuplicateKeyError,
     ManifestError,
     ManifestNotFoundError,
+    ResumeError,
     ShardFormatError,
     ShardNotFoundError,
     ShardstreamError,
@@ -46,10 +47,12 @@ if TYPE_CHECKING:
     from shardstream.streaming import (
         GpuDecode,
         RandomAccessDataset,
+        ResumeAudit,
         Stream,
         StreamingDataLoader,
         StreamingDataset,
         StreamOptions,
+        check_position,
     )
 
 
@@ -67,6 +70,8 @@ __all__ = [
     "ManifestNotFoundError",
     "RandomAccessDataset",
     "ReadOptions",
+    "ResumeAudit",
+    "ResumeError",
     "ShardFormatError",
     "ShardInfo",
     "ShardNotFoundError",
@@ -80,6 +85,7 @@ __all__ = [
     "StreamingDataset",
     "__version__",
     "build_shards",
+    "check_position",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -99,6 +105,8 @@ _LAZY = {
     "write_partition": "shardstream.shardwriter",
     "GpuDecode": "shardstream.streaming",
     "RandomAccessDataset": "shardstream.streaming",
+    "ResumeAudit": "shardstream.streaming",
+    "check_position": "shardstream.streaming",
     "Stream": "shardstream.streaming",
     "StreamOptions": "shardstream.streaming",
     "StreamingDataLoader": "shardstream.streaming",

@@ -16,6 +16,8 @@ so ``except ValueError`` or ``except OSError`` in existing code keeps working::
     │   │                                 key and byte offset)
     │   └── ChecksumMismatchError         a shard's bytes or counts differ from the manifest
     ├── DecodeError(ValueError)           a member could not be decoded (names shard and key)
+    ├── ResumeError(RuntimeError)         a restored loader is not where the trainer is (names
+    │                                     both positions)
     └── StorageError(OSError)             storage kept failing after every retry (names the object)
         └── ShardNotFoundError(FileNotFoundError)
                                           a shard the source names does not exist
@@ -38,6 +40,7 @@ __all__ = [
     "DuplicateKeyError",
     "ManifestError",
     "ManifestNotFoundError",
+    "ResumeError",
     "ShardFormatError",
     "ShardNotFoundError",
     "ShardstreamError",
@@ -121,6 +124,11 @@ class ChecksumMismatchError(ShardFormatError):
 
 class DecodeError(ShardstreamError, ValueError):
     """A sample member could not be decoded with the requested decoder."""
+
+
+class ResumeError(ShardstreamError, RuntimeError):
+    """A restored loader's position disagrees with the trainer's: its state was not restored,
+    or was restored from another checkpoint."""
 
 
 class StorageError(ShardstreamError, OSError):

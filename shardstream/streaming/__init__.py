@@ -1,4 +1,5 @@
-"""Streaming half: the dataset, its loader, random access, mixtures and GPU decoding.
+"""Streaming half: the dataset, its loader, random access, mixtures, GPU decoding, and checks
+that a resume (and an evaluation) counts every sample as it should.
 
 ``StreamingDataset`` is the entry point (it needs torch); ``StreamingDataLoader`` adds
 checkpointable positions. Names are imported lazily, so the torch-free parts
@@ -12,27 +13,43 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from shardstream.catalog.shardlist import ShardSpec, resolve_source
+    from shardstream.streaming.control.position import Position
     from shardstream.streaming.dataset import StreamingDataset
     from shardstream.streaming.decoding.gpudecode import GpuDecode
+    from shardstream.streaming.lightningcallback import LoaderPositionCheck
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
     from shardstream.streaming.options import StreamOptions
-    from shardstream.streaming.randomaccess import RandomAccessDataset
+    from shardstream.streaming.randomaccess import EvaluationPart, RandomAccessDataset
+    from shardstream.streaming.resumeaudit import AuditReport, ResumeAudit
+    from shardstream.streaming.resumecheck import check_position
 
 __all__ = [
+    "AuditReport",
+    "EvaluationPart",
     "GpuDecode",
+    "LoaderPositionCheck",
+    "Position",
     "RandomAccessDataset",
+    "ResumeAudit",
     "ShardSpec",
     "Stream",
     "StreamOptions",
     "StreamingDataLoader",
     "StreamingDataset",
+    "check_position",
     "resolve_source",
 ]
 
 _LAZY = {
+    "AuditReport": "shardstream.streaming.resumeaudit",
+    "EvaluationPart": "shardstream.streaming.randomaccess",
     "GpuDecode": "shardstream.streaming.decoding.gpudecode",
+    "LoaderPositionCheck": "shardstream.streaming.lightningcallback",  # imports lightning
+    "Position": "shardstream.streaming.control.position",
     "RandomAccessDataset": "shardstream.streaming.randomaccess",
+    "ResumeAudit": "shardstream.streaming.resumeaudit",
+    "check_position": "shardstream.streaming.resumecheck",
     "ShardSpec": "shardstream.catalog.shardlist",
     "Stream": "shardstream.streaming.mixture",
     "StreamOptions": "shardstream.streaming.options",

@@ -8,7 +8,7 @@ from typing import Any
 import torch.utils.data
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.position import LoaderPosition
+from shardstream.streaming.control.position import LoaderPosition, Position
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.stats import LoaderStats
 
@@ -90,8 +90,21 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             raise ConfigError("statistics are off: make the dataset with StreamOptions(stats=True)")
         return self._stats.snapshot()
 
+    def position(self) -> Position:
+        """This rank's place in trainer terms: epoch, batches consumed in it and in all.
+
+        After ``load_state_dict`` it is the restored place; check it against the trainer's
+        step with :func:`~shardstream.streaming.resumecheck.check_position`.
+
+        Example:
+            >>> loader.position()  # doctest: +SKIP
+            Position(epoch=1, epoch_batches=2, global_batches=9, epoch_length=7)
+        """
+        return self._position.position(self.num_workers)
+
     def state_dict(self) -> dict[str, Any]:
-        """``{"version", "epoch", "history", "plan", "consumed_batches", layout, "fingerprint"}``.
+        """``{"version", "epoch", "history", "plan", "consumed_batches", layout, "fingerprint",
+        "global_batches"}``.
 
         Plain values only (loads with ``torch.load(weights_only=True)``). A finished epoch
         saves as fully consumed, so a restore starts the next one.
@@ -113,3 +126,9 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 without counts is resumed at another layout.
         """
         self._position.load_state_dict(state, self.num_workers, allow_new_batch_size)
+
+    @property
+    def pass_start(self) -> Position | None:
+        """Where the pass under way started (after a restore, the restored place), or None
+        before the first pass: a trainer that fetches batches ahead compares this one."""
+        return self._position.pass_start

@@ -4,14 +4,20 @@ A loader conforms when, for any point ``k``: take ``k`` items, save ``state_dict
 fresh loader, ``load_state_dict(state)``, and the fresh loader yields exactly the items the
 uninterrupted one yields after ``k`` - at mid-epoch, at the end of the epoch (it then goes on
 with the next epoch), and the epoch after is unaffected. States must be plain JSON-able values.
+Every resume is also audited as a user's loop would (:class:`~shardstream.ResumeAudit`): no
+duplicates and no skips across the restart.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from shardstream import ResumeAudit
+from shardstream.streaming.resumeaudit import keys_of
 
 
 class Stateful(Protocol):
@@ -41,21 +47,57 @@ def assert_loader_resumes(
         seed: Seed for choosing the points.
     """
     loader = make_loader()
-    epochs = [[key(item) for item in loader] for _ in range(2)]
+    epochs: list[list[Any]] = [[], []]
+    samples: set[str] = set()  # the first epoch's keys: what each epoch holds once
+    for epoch in epochs:
+        for item in loader:
+            epoch.append(key(item))
+            samples.update(keys_of(item) if epoch is epochs[0] else ())
     assert epochs[0] and epochs[0] != epochs[1], "passes must move on to the next epoch"
     rng = random.Random(seed)
     points = {0, len(epochs[0]), *(rng.randrange(1, len(epochs[0])) for _ in range(num_points))}
     for point in sorted(points):
-        loader = make_loader()
-        iterator = iter(loader)
-        head = [key(next(iterator)) for _ in range(point)]
-        state = json.loads(json.dumps(loader.state_dict()))  # plain values only
-        del iterator
-        resumed = make_loader()
-        resumed.load_state_dict(state)
-        first = [key(item) for item in resumed]
-        if point == len(epochs[0]):
-            assert first == epochs[1], "a state saved at the end resumes with the next epoch"
-            continue
+        with tempfile.TemporaryDirectory() as folder:
+            _check_point(make_loader, key, epochs, point, folder, len(samples))
+
+
+def _check_point(
+    make_loader: Callable[[], Any], key: Callable[[Any], Any], epochs: list[list[Any]],
+    point: int, folder: str, num_samples: int,
+) -> None:  # fmt: skip
+    """Resume at ``point`` of the first epoch; the run before and after it is audited."""
+    loader = make_loader()
+    iterator = iter(loader)
+    audit = ResumeAudit(folder, rank=0)
+    head = []
+    for step in range(point):
+        item = next(iterator)
+        audit.record(step, item)
+        head.append(key(item))
+    state = json.loads(json.dumps(loader.state_dict()))  # plain values only
+    del iterator
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    audit = ResumeAudit(folder, rank=0)  # the restarted run
+    epoch = 1 if point == len(epochs[0]) else 0
+    first = _audited(resumed, key, audit, point, epoch)
+    if epoch == 1:
+        assert first == epochs[1], "a state saved at the end resumes with the next epoch"
+    else:
         assert head + first == epochs[0], f"resume at {point} of {len(epochs[0])} differs"
-        assert [key(item) for item in resumed] == epochs[1], f"epoch after resume at {point}"
+        second = _audited(resumed, key, audit, len(epochs[0]), 1)
+        assert second == epochs[1], f"epoch after resume at {point}"
+    report = ResumeAudit.report(folder, expected=num_samples)
+    for audited in report.epochs:
+        assert (audited.duplicates, audited.skips) == (0, 0), f"resume at {point}: {report}"
+
+
+def _audited(
+    loader: Any, key: Callable[[Any], Any], audit: ResumeAudit, first_step: int, epoch: int
+) -> list[Any]:
+    """A pass's items as ``key`` sees them, each recorded in ``audit`` with its step."""
+    found = []
+    for step, item in enumerate(loader, first_step):
+        audit.record(step, item, epoch)
+        found.append(key(item))
+    return found

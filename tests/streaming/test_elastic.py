@@ -2,18 +2,23 @@
 
 Ranks are simulated in one process with explicit ``rank``/``world_size`` (the same code path as
 torch.distributed ranks, which tests/streaming/test_ddp.py covers); every rank steps in lockstep
-as DDP ranks do, and only rank 0's state is saved, as Lightning does.
+as DDP ranks do, and only rank 0's state is saved, as Lightning does. Every rank's steps are
+recorded with :class:`~shardstream.ResumeAudit`, whose counts across the restarts must be the
+exact ones: none for ``mask``, the repeated samples for ``pad`` and the left out ones for
+``drop``.
 """
 
 from __future__ import annotations
 
 import collections
 import pathlib
+from typing import Any
 
 import pytest
 
+from shardstream import ResumeAudit
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.streaming.shards import keys_of, make_dataset
+from tests.streaming.shards import make_dataset
 
 NUM_SAMPLES = 61
 
@@ -31,15 +36,39 @@ def _loaders(
     return loaders
 
 
-def _lockstep(loaders: list[StreamingDataLoader], steps: int) -> list[str]:
+def _lockstep(
+    loaders: list[StreamingDataLoader], steps: int, audit: pathlib.Path, first: int = 0
+) -> list[str]:
+    """``steps`` steps of every rank in turn (recorded from step ``first``): the valid keys."""
     iterators = [iter(loader) for loader in loaders]
-    keys = [key for _ in range(steps) for it in iterators for key in next(it)["__key__"]]
+    audits = [ResumeAudit(audit, rank=rank) for rank in range(len(loaders))]
+    keys = []
+    for step in range(first, first + steps):
+        for iterator, rank_audit in zip(iterators, audits, strict=True):
+            batch = next(iterator)
+            rank_audit.record(step, batch)
+            keys += _valid(batch)
     for iterator in iterators:
         iterator.close()
     return keys
 
 
-def _check_cover(keys: list[str], policy: str, max_extra: int) -> None:
+def _rest(loader: StreamingDataLoader, audit: pathlib.Path, rank: int, first: int) -> list[str]:
+    """The rest of the epoch on one rank, recorded from step ``first``: the valid keys."""
+    rank_audit = ResumeAudit(audit, rank=rank)
+    keys = []
+    for step, batch in enumerate(loader, first):
+        rank_audit.record(step, batch)
+        keys += _valid(batch)
+    return keys
+
+
+def _valid(batch: dict[str, Any]) -> list[str]:
+    marks = batch["__valid__"].tolist() if "__valid__" in batch else [True] * len(batch["__key__"])
+    return [key for key, valid in zip(batch["__key__"], marks, strict=True) if valid]
+
+
+def _check_cover(keys: list[str], policy: str, max_extra: int, audit: pathlib.Path) -> None:
     counts = collections.Counter(keys)
     every = {f"s{i:06d}" for i in range(NUM_SAMPLES)}
     if policy == "drop":
@@ -48,10 +77,15 @@ def _check_cover(keys: list[str], policy: str, max_extra: int) -> None:
     else:
         assert set(counts) == every, f"missing: {sorted(every - set(counts))}"
         assert sum(counts.values()) - NUM_SAMPLES < max_extra
+    if policy == "mask":
+        assert max(counts.values()) == 1, "a sample came twice"
+    (report,) = ResumeAudit.report(audit, expected=NUM_SAMPLES).epochs
+    assert report.duplicates == sum(counts.values()) - len(counts)  # exact, as the keys say
+    assert report.skips == NUM_SAMPLES - len(counts)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["pad", "drop"])
+@pytest.mark.parametrize("policy", ["pad", "drop", "mask"])
 @pytest.mark.parametrize(
     "before,after",
     [((2, 0, 3), (3, 0, 3)), ((3, 2, 2), (2, 0, 2)), ((2, 0, 3), (1, 2, 4))],
@@ -62,7 +96,8 @@ def test_elastic_resume_covers_exactly_the_rest_of_the_epoch(
 ) -> None:
     root, _ = make_dataset(tmp_path, NUM_SAMPLES, 7)
     old = _loaders(root, *before, policy)
-    head = _lockstep(old, 4)
+    audit = tmp_path / "audit"
+    head = _lockstep(old, 4, audit)
     state = old[0].state_dict()  # rank 0's state only
     assert state["epoch"] == 0 and state["consumed_batches"] == 4
 
@@ -73,32 +108,39 @@ def test_elastic_resume_covers_exactly_the_rest_of_the_epoch(
         return loaders
 
     new = restore()
-    rests = [keys_of(loader) for loader in new]
+    rests = [_rest(loader, audit, rank, 4) for rank, loader in enumerate(new)]
     counts = {len(list(loader)) for loader in restore()}
     assert len(counts) == 1, f"ranks yielded different numbers of batches: {counts}"
     assert len(new[0]) == 4 + counts.pop()  # a trainer counts the 4 batches before the restart
-    _check_cover(head + [key for rest in rests for key in rest], policy, before[0] + after[0])
-    assert [keys_of(loader) for loader in restore()] == rests, "not deterministic"
+    keys = head + [key for rest in rests for key in rest]
+    _check_cover(keys, policy, before[0] + after[0], audit)
+    assert [_valid_keys(loader) for loader in restore()] == rests, "not deterministic"
     # The next epoch is as a fresh run at the new size.
     fresh = _loaders(root, *after, policy)
     for loader in fresh:
         loader.dataset.set_epoch(1)
-    assert [keys_of(loader) for loader in new] == [keys_of(loader) for loader in fresh]
+    assert [_valid_keys(loader) for loader in new] == [_valid_keys(loader) for loader in fresh]
 
 
 @pytest.mark.slow
 def test_two_elastic_restarts_in_one_epoch(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, NUM_SAMPLES, 7)
+    audit = tmp_path / "audit"
     first = _loaders(root, 2, 0, 2, "drop")
-    keys = _lockstep(first, 5)
+    keys = _lockstep(first, 5, audit)
     state = first[0].state_dict()
     second = _loaders(root, 3, 0, 2, "drop")
     for loader in second:
         loader.load_state_dict(state)
-    keys += _lockstep(second, 2)
+    keys += _lockstep(second, 2, audit, first=5)
     state = second[0].state_dict()
     assert len(state["history"]) == 1 and state["consumed_batches"] == 2
     third = _loaders(root, 1, 0, 2, "drop")
     third[0].load_state_dict(state)
-    keys += keys_of(third[0])
-    _check_cover(keys, "drop", 1)
+    keys += _rest(third[0], audit, 0, 7)
+    _check_cover(keys, "drop", 1, audit)
+    assert ResumeAudit.report(audit).restarts == [(0, 5), (0, 7)]
+
+
+def _valid_keys(loader: StreamingDataLoader) -> list[str]:
+    return [key for batch in loader for key in _valid(batch)]

@@ -86,7 +86,8 @@ def test_planned_batches_have_the_same_sizes_on_every_rank() -> None:
     options = PlanOptions(seed=1, policy="mask", block_size=16, piece_size=8, num_open=16)
     sequence = ShardSequence(np.array([97] * 10 + [34]), shard_order(11, 1, 0))
     for world, workers, batch in [(7, 3, 16), (4, 2, 64), (64, 1, 1)]:
-        plan = PassPlan(sequence, Shape.of(1004, Layout(world, workers, batch), options), options, 0, 0)
+        shape = Shape.of(1004, Layout(world, workers, batch), options)
+        plan = PassPlan(sequence, shape, options, 0, 0)
         sizes = {tuple(len(s) for s, _ in planned_batches(plan, rank)) for rank in range(world)}
         assert len(sizes) == 1, (world, workers, batch)
 
@@ -110,7 +111,8 @@ def test_a_masked_restart_leaves_exactly_the_samples_not_yet_read() -> None:
             plan = PassPlan(sequence, shape, options, 0, pass_index)
             steps = rng.randrange(shape.steps + 1) if pass_index < 2 else shape.steps
             taken = shape.consumed_samples(steps)
-            for rank, phase in itertools.product(range(layout.world_size), range(layout.num_workers)):
+            streams = itertools.product(range(layout.world_size), range(layout.num_workers))
+            for rank, phase in streams:
                 positions, valid = _stream_marks(plan, rank, phase)
                 count = int(taken[phase])  # a stream's consumed prefix
                 read.update(p for p, ok in zip(positions[:count], valid[:count], strict=True) if ok)
@@ -210,7 +212,7 @@ def test_random_access_evaluation_parts_are_equal_and_exact(
             seen.update(key for key, ok in zip(keys, valid, strict=True) if ok)
     assert sorted(seen) == [f"s{i:06d}" for i in range(1001)] and max(seen.values()) == 1
     assert len(lengths) == 1
-    images, labels, valid = RandomAccessDataset(data[7]).evaluation_part(2, 3)[2]
+    images, _, valid = RandomAccessDataset(data[7]).evaluation_part(2, 3)[2]
     assert valid is False and images.shape[0] == 3
 
 

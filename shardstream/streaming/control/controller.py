@@ -9,6 +9,7 @@ same pinned epoch and directives). It reads rank and world size in the training 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 from shardstream.errors import ConfigError
@@ -28,6 +29,8 @@ from shardstream.streaming.planning.split import Layout, samples_per_rank
 from shardstream.streaming.worker.stageclock import StatsBoard
 
 __all__ = ["PassControl"]
+
+logger = logging.getLogger("shardstream.streaming")
 
 
 class PassControl:
@@ -164,3 +167,21 @@ class PassControl:
         # Should this pass be thrown away (a loader that finished its epoch starts afresh),
         # the next fresh pass of this worker still moves on to the following epoch.
         self.inputs.channel.restored(context.worker, context.num_workers, int(state["epoch"]))
+        if context.worker == 0:  # one line per rank
+            self._log_restore(self._pending, context)
+
+    def _log_restore(self, state: dict[str, Any], context: Context) -> None:
+        """Where a Stateful restore goes on: the epoch, and the batch the first worker serves
+        next (each worker knows only its own turns; without workers, that is the rank's)."""
+        step = int(state["start"]) + int(state["role"])
+        step += int(state["served"]) * context.num_workers
+        left = ""
+        if self.inputs.counted:
+            restored = PassState.from_dict(state)
+            total = self.inputs.plan(restored, self.layout(context.num_workers)).steps
+            left = f" of {total} ({max(0, total - step)} batches left)"
+        who = "the loader" if not context.in_worker else "its worker 0"
+        logger.info(
+            "rank %d of %d: dataset state restored in epoch %d; %s goes on at batch %d%s",
+            context.rank, context.world_size, int(state["epoch"]), who, step, left,
+        )  # fmt: skip

@@ -11,15 +11,79 @@ starts a new pass with what the epoch has left (see
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, ResumeError
 from shardstream.streaming.control.controller import PassControl
 from shardstream.streaming.control.state import PassState, encode_state, layout_from_dict
 from shardstream.streaming.planning.passes import PassRecord
 from shardstream.streaming.planning.split import Layout
 
-__all__ = ["LoaderPosition"]
+__all__ = ["LoaderPosition", "Position", "check_resumed"]
+
+logger = logging.getLogger("shardstream.streaming")
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a rank's loader stands, in a trainer's terms.
+
+    Attributes:
+        epoch: The epoch.
+        epoch_batches: Batches of the epoch the rank consumed (in earlier passes too).
+        global_batches: Batches the rank consumed in all epochs: what a trainer's step counts
+            (its optimizer steps times the gradient accumulation).
+        epoch_length: Batches of the epoch on this rank, or None when unknown (no manifest).
+
+    Example:
+        >>> str(Position(1, 2, 9, 7))
+        'epoch 1, batch 2 of 7 (9 batches in all)'
+    """
+
+    epoch: int
+    epoch_batches: int
+    global_batches: int
+    epoch_length: int | None = None
+
+    def next_epoch_start(self) -> Position:
+        """The same place with a finished epoch written as the start of the next one."""
+        if self.epoch_length is None or self.epoch_batches < self.epoch_length:
+            return self
+        return Position(self.epoch + 1, 0, self.global_batches, None)
+
+    def __str__(self) -> str:
+        length = "" if self.epoch_length is None else f" of {self.epoch_length}"
+        return (
+            f"epoch {self.epoch}, batch {self.epoch_batches}{length} "
+            f"({self.global_batches} batches in all)"
+        )
+
+
+def check_resumed(
+    position: Position,
+    trainer: str,
+    *,
+    global_batches: int | None = None,
+    epoch: int | None = None,
+    epoch_batches: int | None = None,
+) -> None:
+    """Raise unless ``position`` is where the trainer is (the numbers given are compared).
+
+    Raises:
+        ResumeError: Names both positions and the likely causes.
+    """
+    here = position.next_epoch_start()
+    same_total = global_batches is None or global_batches == position.global_batches
+    same_place = epoch is None or (epoch, epoch_batches or 0) == (here.epoch, here.epoch_batches)
+    if same_total and same_place:
+        return
+    raise ResumeError(
+        f"the loader is at {position}, but the trainer is at {trainer}: the loader's state was "
+        "not restored, or was restored from another checkpoint than the model's. Save "
+        "loader.state_dict() in every checkpoint and load_state_dict() it from the same one "
+        "(Lightning and accelerate do this for a StreamingDataLoader they checkpoint)"
+    )
 
 
 class LoaderPosition:
@@ -36,6 +100,9 @@ class LoaderPosition:
         self._state: PassState | None = None  # None: take the dataset's epoch at the first pass
         self._finished = False
         self._pins_seen = self._inputs.channel.pin_count
+        self._before_epoch = 0  # batches consumed in earlier epochs (a trainer's steps count them)
+        #: Where the pass under way started (after a restore: the restored place), or None.
+        self.pass_start: Position | None = None
 
     def _planned(self, state: PassState, num_workers: int) -> PassState:
         """``state`` with its pass's plan layout fixed (a fresh pass: from this layout)."""
@@ -76,8 +143,11 @@ class LoaderPosition:
             state = PassState(state.epoch + 1)
         if state is not self._state:  # a fresh epoch (follow_versions moves to the newest)
             self._control.epoch_starts(after_pin=pinned)
+            if self._state is not None:  # the trainer's steps count the last epoch's batches
+                self._before_epoch += _epoch_batches(self._state)
         self._state = self._planned(state, num_workers)
         self._finished = False
+        self.pass_start = self.position(num_workers)
         channel.post(self._state.as_dict())
 
     def advance(self) -> None:
@@ -89,6 +159,17 @@ class LoaderPosition:
         """The pass ran to its end (the next one reads the next epoch)."""
         self._finished = True
 
+    def position(self, num_workers: int) -> Position:
+        """Epoch, batches consumed in it and in all (see :class:`Position`)."""
+        state = self._state or self._planned(PassState(self._control.epoch), num_workers)
+        consumed = _epoch_batches(state)
+        length = None
+        if self._inputs.counted:
+            layout = self._control.layout(num_workers)
+            length = sum(record.consumed_steps for record in state.history)
+            length += self._inputs.plan(state, layout).steps
+        return Position(state.epoch, consumed, self._before_epoch + consumed, length)
+
     def state_dict(self, num_workers: int) -> dict[str, Any]:
         """The loader's state (a finished epoch saves as fully consumed)."""
         state = self._state or self._planned(PassState(self._control.epoch), num_workers)
@@ -96,7 +177,9 @@ class LoaderPosition:
         if self._finished and total is not None:
             state = dataclasses.replace(state, consumed=total)
         layout = self._control.layout(num_workers)
-        return encode_state(state, layout, self._inputs.fingerprint(state.dataset_version))
+        fingerprint = self._inputs.fingerprint(state.dataset_version)
+        global_batches = self._before_epoch + _epoch_batches(state)
+        return encode_state(state, layout, fingerprint, global_batches=global_batches)
 
     def load_state_dict(
         self, state: dict[str, Any], num_workers: int, allow_new_batch_size: bool
@@ -128,6 +211,37 @@ class LoaderPosition:
         self._state = self._planned(restored, num_workers)
         self._finished = False
         self._pins_seen = self._inputs.channel.pin_count
+        self._before_epoch = self._batches_before(state, restored, num_workers)
+        self.pass_start = None
+        self._log_restore(num_workers)
+
+    def _batches_before(self, saved: dict[str, Any], state: PassState, num_workers: int) -> int:
+        """Batches of earlier epochs: as saved, or (states saved before that was recorded)
+        the epoch's number times the batches of a fresh epoch at the state's plan layout."""
+        if "global_batches" in saved:
+            return int(saved["global_batches"]) - _epoch_batches(state)
+        if not self._inputs.counted:
+            return 0
+        layout = state.plan or self._control.layout(num_workers)
+        fresh = self._inputs.opened.passes.shape(self._inputs.epoch_samples(), layout).steps
+        return state.epoch * fresh
+
+    def _log_restore(self, num_workers: int) -> None:
+        """One line per rank: where the restored loader goes on, and what the epoch has left."""
+        position = self.position(num_workers)
+        context = self._control.context()
+        left = "" if position.epoch_length is None else (
+            f", {position.epoch_length - position.epoch_batches} batches left"
+        )
+        logger.info(
+            "rank %d of %d: loader restored at %s%s", context.rank, context.world_size,
+            position, left,
+        )  # fmt: skip
+
+
+def _epoch_batches(state: PassState) -> int:
+    """Batches of ``state``'s epoch consumed: in its earlier passes and in the current one."""
+    return sum(record.consumed_steps for record in state.history) + state.consumed
 
 
 def _continues(plan: Layout, physical: Layout) -> bool:

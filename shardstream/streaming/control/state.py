@@ -143,11 +143,14 @@ def encode_state(
     layout: Layout,
     fingerprint: dict[str, Any],
     worker: WorkerPosition | None = None,
+    global_batches: int | None = None,
 ) -> dict[str, Any]:
     """A state dict: the loader's, or with ``worker`` a dataset's per-worker one.
 
     The one place either is built; :meth:`PassState.from_dict`, :func:`layout_from_dict` and
-    the checks below read them.
+    the checks below read them. A loader's state also records ``global_batches``, the batches
+    the rank consumed in all epochs (what a trainer's step counts; states saved before it
+    existed load without it).
     """
     return {
         "version": STATE_VERSION,
@@ -155,6 +158,7 @@ def encode_state(
         **(worker.as_dict() if worker is not None else {}),
         **layout.as_dict(),
         "fingerprint": fingerprint,
+        **({"global_batches": global_batches} if global_batches is not None else {}),
     }
 
 

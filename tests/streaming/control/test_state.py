@@ -55,3 +55,10 @@ def test_version_3_states_load_and_older_ones_are_refused() -> None:
     check_fingerprint(order, {**order, "chunk_size": 0})  # version 3: read whole shards
     with pytest.raises(ConfigError, match=r"shardstream 0\.2"):
         check_fingerprint(order, {**order, "chunk_size": 64})
+
+
+def test_a_loader_state_may_add_its_global_batch_count_last() -> None:
+    encoded = encode_state(_state(), Layout(2, 3, 16), {"seed": 0}, global_batches=41)
+    assert list(encoded) == ["version", *PASS, *LAYOUT, "fingerprint", "global_batches"]
+    assert encoded["global_batches"] == 41 and encoded["version"] == STATE_VERSION
+    assert PassState.from_dict(encoded) == _state()
