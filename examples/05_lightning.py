@@ -2,11 +2,16 @@
 
 No ``set_epoch`` anywhere: each epoch reads a new order by itself. ``StreamingDataLoader`` has
 ``state_dict``/``load_state_dict``, so Lightning stores its position in every checkpoint (from
-rank 0; the state is the same on every rank) and restores it on ``fit(ckpt_path=...)``.
+rank 0; the state is the same on every rank) and restores it on ``fit(ckpt_path=...)``. The
+``LoaderPositionCheck`` callback fails the resumed fit at its first batch if the loader is not
+where the trainer is, and ``ResumeAudit`` records each step's keys (one line in
+``training_step``) to count duplicates and skips across the restart.
 
-Run: python examples/05_lightning.py            (makes data, trains 2 epochs, stops at step 9,
-                                                 resumes, and checks the resumed batches)
-     python examples/05_lightning.py --data D --out O [--max-steps N] [--resume CKPT]
+Run: python examples/05_lightning.py            (makes data, trains 2 epochs, is killed with
+                                                 SIGKILL at step 11, resumes from the step-9
+                                                 checkpoint, and checks the resumed batches)
+     python examples/05_lightning.py --data D --out O [--max-steps N] [--kill-at N]
+                                     [--resume CKPT] [--audit DIR]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,18 +28,27 @@ import warnings
 
 import torch
 
-from shardstream import StreamingDataLoader, StreamingDataset, StreamOptions, build_shards
+from shardstream import (
+    ResumeAudit,
+    StreamingDataLoader,
+    StreamingDataset,
+    StreamOptions,
+    build_shards,
+)
 
 warnings.filterwarnings("ignore", module="lightning")  # its notes on CPU-only and small data
 import lightning as L  # noqa: E402  (after the filter: some notes come at import)
 
-BATCH_SIZE, STEPS_PER_CHECKPOINT = 8, 9
+from shardstream.streaming.lightningcallback import LoaderPositionCheck  # noqa: E402
+
+BATCH_SIZE, STEPS_PER_CHECKPOINT, KILL_AT = 8, 9, 11
 
 
 class TinyModel(L.LightningModule):
-    def __init__(self, data: str, out: str) -> None:
+    def __init__(self, data: str, out: str, audit: str, kill_at: int) -> None:
         super().__init__()
-        self.data, self.out = data, pathlib.Path(out)
+        self.data, self.out, self.kill_at = data, pathlib.Path(out), kill_at
+        self.audit_folder, self.audit = audit, None
         self.net = torch.nn.Linear(4, 3)
 
     def train_dataloader(self) -> StreamingDataLoader:
@@ -44,6 +59,11 @@ class TinyModel(L.LightningModule):
         return StreamingDataLoader(dataset, num_workers=1)
 
     def training_step(self, batch: dict, index: int) -> torch.Tensor:
+        if self.global_step == self.kill_at and self.global_rank == 0:
+            os.killpg(os.getpgid(0), signal.SIGKILL)  # a crash: every rank dies at once
+        if self.audit is None:  # made once torch.distributed is up: it knows the rank
+            self.audit = ResumeAudit(self.audit_folder)
+        self.audit.record(self.global_step, batch, self.current_epoch)
         rows = [torch.frombuffer(bytearray(row), dtype=torch.float32) for row in batch["bin"]]
         features = torch.stack(rows)
         loss = torch.nn.functional.cross_entropy(self.net(features), batch["label"])
@@ -66,17 +86,19 @@ def make_data(root: pathlib.Path) -> None:
     build_shards(samples, root, max_samples_per_shard=16)
 
 
-def train(data: str, out: str, max_steps: int, resume: str | None) -> None:
+def train(
+    data: str, out: str, max_steps: int, resume: str | None, audit: str, kill_at: int
+) -> None:
     checkpoints = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=os.path.join(out, "checkpoints"), every_n_train_steps=STEPS_PER_CHECKPOINT,
         save_top_k=-1, save_on_train_epoch_end=False,
     )  # fmt: skip
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, max_steps=max_steps,
-        callbacks=[checkpoints], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=[checkpoints, LoaderPositionCheck()], logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
-    trainer.fit(TinyModel(data, out), ckpt_path=resume)
+    trainer.fit(TinyModel(data, out, audit, kill_at), ckpt_path=resume)
 
 
 def read_steps(out: pathlib.Path, rank: int) -> dict[int, list[str]]:
@@ -89,21 +111,27 @@ def main() -> None:
     parser.add_argument("--data")
     parser.add_argument("--out")
     parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--resume")
+    parser.add_argument("--audit")
     args = parser.parse_args()
     if args.data:  # one run (the test and Lightning's own DDP launcher come here)
-        train(args.data, args.out, args.max_steps, args.resume)
+        audit = args.audit or os.path.join(args.out, "audit")
+        train(args.data, args.out, args.max_steps, args.resume, audit, args.kill_at)
         return
     work = pathlib.Path(os.environ.get("SHARDSTREAM_EXAMPLE_DIR") or tempfile.mkdtemp())
     make_data(work / "data")
-    runs = {"full": [], "stopped": ["--max-steps", str(STEPS_PER_CHECKPOINT)], "resumed": []}
+    audit = str(work / "audit")  # the killed run and its restart, as one training job
+    runs = {"full": [], "killed": ["--kill-at", str(KILL_AT), "--audit", audit], "resumed": []}
     for name, extra in runs.items():  # each run its own job, as after a real restart
         (work / name).mkdir(parents=True, exist_ok=True)
         if name == "resumed":
-            (checkpoint,) = (work / "stopped" / "checkpoints").iterdir()
-            extra = ["--resume", str(checkpoint)]
+            (checkpoint,) = (work / "killed" / "checkpoints").iterdir()
+            extra = ["--resume", str(checkpoint), "--audit", audit]
         command = [sys.executable, __file__, "--data", str(work / "data")]
-        subprocess.run([*command, "--out", str(work / name), *extra], check=True)
+        command += ["--out", str(work / name), *extra]
+        done = subprocess.run(command, start_new_session=True)  # the kill takes its group
+        assert done.returncode == (-signal.SIGKILL if name == "killed" else 0), name
     for rank in range(2):
         full, resumed = read_steps(work / "full", rank), read_steps(work / "resumed", rank)
         assert len(full) == 14 and list(resumed) == list(range(STEPS_PER_CHECKPOINT, 14))
@@ -111,7 +139,10 @@ def main() -> None:
         first = [key for step in range(7) for key in full[step]]
         second = [key for step in range(7, 14) for key in full[step]]
         assert first != second and sorted(first) == sorted(second), "epochs must differ"
-    print(f"resumed at step {STEPS_PER_CHECKPOINT}: every rank saw the uninterrupted batches")
+    report = ResumeAudit.report(audit, expected=100)
+    assert all((e.duplicates, e.skips) == (0, 0) for e in report.epochs), report
+    print(f"killed at step {KILL_AT}, resumed at step {STEPS_PER_CHECKPOINT}: every rank saw the")
+    print(f"uninterrupted batches; resume audit:\n{report}")
 
 
 if __name__ == "__main__":

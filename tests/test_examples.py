@@ -17,6 +17,15 @@ EXAMPLES = sorted(
 )
 
 
+#: What an example that checks itself prints when its checks pass (it asserts before printing):
+#: exact evaluation on 4 torchrun ranks and in Lightning on 2, and a checked torchrun resume.
+PRINTS = {
+    "06_exact_eval.py": "4 ranks, mask: 1001 samples, accuracy",
+    "07_lightning_eval.py": "Lightning validate on 2 ranks: 1001 samples, accuracy",
+    "08_checked_resume.py": "every rank stops: ResumeError: the loader is at epoch 0, batch 0",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_runs(script: pathlib.Path, tmp_path: pathlib.Path) -> None:
@@ -27,3 +36,4 @@ def test_example_runs(script: pathlib.Path, tmp_path: pathlib.Path) -> None:
     )
     assert result.returncode == 0, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"
     assert result.stdout.strip(), f"{script.name} printed nothing"
+    assert PRINTS.get(script.name, "") in result.stdout, result.stdout

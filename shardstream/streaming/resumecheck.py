@@ -91,4 +91,7 @@ def _stateful_position(dataset: StreamingDataset, state: Mapping[str, Any] | Non
     epochs = [int(item["epoch"]) for item in dataset_states if item]
     epoch = max(epochs) if epochs else dataset.epoch
     # A StatefulDataLoader resumes at the same layout only, so every epoch had this length.
-    return Position(epoch, batches, epoch * (length or 0) + batches, length)
+    total = epoch * (length or 0) + batches
+    if state.get("_iterator_finished") or (length is not None and batches >= length):
+        return Position(epoch + 1, 0, total, length)  # the next batch is the next epoch's
+    return Position(epoch, batches, total, length)

@@ -41,7 +41,7 @@ def test_the_position_counts_batches_of_every_epoch(tmp_path: pathlib.Path) -> N
     assert str(loader.position()) == "epoch 0, batch 0 of 15 (0 batches in all)"
     for _ in range(2):
         list(loader)
-    assert (loader.position().epoch, loader.position().global_batches) == (1, 30)
+    assert str(loader.position()) == "epoch 2, batch 0 of 15 (30 batches in all)"  # the next
     state = _take(loader, 4)
     assert state["global_batches"] == 34 and state["consumed_batches"] == 4
     restored = _loader(root)

@@ -29,6 +29,9 @@ logger = logging.getLogger("shardstream.streaming")
 class Position:
     """Where a rank's loader stands, in a trainer's terms.
 
+    A finished epoch is written as the start of the next one (``epoch + 1``, batch 0): the
+    place of the next batch, which a loop's ``range(position.epoch, num_epochs)`` starts from.
+
     Attributes:
         epoch: The epoch.
         epoch_batches: Batches of the epoch the rank consumed (in earlier passes too).
@@ -45,12 +48,6 @@ class Position:
     epoch_batches: int
     global_batches: int
     epoch_length: int | None = None
-
-    def next_epoch_start(self) -> Position:
-        """The same place with a finished epoch written as the start of the next one."""
-        if self.epoch_length is None or self.epoch_batches < self.epoch_length:
-            return self
-        return Position(self.epoch + 1, 0, self.global_batches, None)
 
     def __str__(self) -> str:
         length = "" if self.epoch_length is None else f" of {self.epoch_length}"
@@ -73,9 +70,9 @@ def check_resumed(
     Raises:
         ResumeError: Names both positions and the likely causes.
     """
-    here = position.next_epoch_start()
     same_total = global_batches is None or global_batches == position.global_batches
-    same_place = epoch is None or (epoch, epoch_batches or 0) == (here.epoch, here.epoch_batches)
+    here = (position.epoch, position.epoch_batches)
+    same_place = epoch is None or (epoch, epoch_batches or 0) == here
     if same_total and same_place:
         return
     raise ResumeError(
@@ -160,15 +157,23 @@ class LoaderPosition:
         self._finished = True
 
     def position(self, num_workers: int) -> Position:
-        """Epoch, batches consumed in it and in all (see :class:`Position`)."""
+        """Epoch, batches consumed in it and in all (see :class:`Position`); a finished epoch
+        is the start of the next, which the next pass reads."""
         state = self._state or self._planned(PassState(self._control.epoch), num_workers)
         consumed = _epoch_batches(state)
-        length = None
-        if self._inputs.counted:
-            layout = self._control.layout(num_workers)
-            length = sum(record.consumed_steps for record in state.history)
-            length += self._inputs.plan(state, layout).steps
-        return Position(state.epoch, consumed, self._before_epoch + consumed, length)
+        length = self._epoch_length(state, num_workers)
+        total = self._before_epoch + consumed
+        if self._finished or (length is not None and consumed >= length):
+            state = self._planned(PassState(state.epoch + 1), num_workers)
+            return Position(state.epoch, 0, total, self._epoch_length(state, num_workers))
+        return Position(state.epoch, consumed, total, length)
+
+    def _epoch_length(self, state: PassState, num_workers: int) -> int | None:
+        """Batches of ``state``'s epoch on this rank (earlier passes' and this one's)."""
+        if not self._inputs.counted:
+            return None
+        steps = self._inputs.plan(state, self._control.layout(num_workers)).steps
+        return sum(record.consumed_steps for record in state.history) + steps
 
     def state_dict(self, num_workers: int) -> dict[str, Any]:
         """The loader's state (a finished epoch saves as fully consumed)."""
