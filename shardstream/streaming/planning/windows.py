@@ -183,6 +183,32 @@ def part_runs(sequence: PassSequence, shape: Shape, rank: int, start: int, stop:
     ]
 
 
+def _window_runs(
+    sequence: PassSequence, shape: Shape, lanes: StreamLanes, rank: int, index: int
+) -> tuple[list[Run], list[int], list[int]]:
+    """Window ``index``'s runs lane by lane, each run's lane, and which runs are fillers."""
+    piece, real_end = shape.piece_size, shape.real_end(rank)
+    runs: list[Run] = []
+    run_lanes: list[int] = []
+    filler_runs: list[int] = []  # "mask": runs past the rank part's real end (the last rank's)
+    for lane, length in enumerate(lanes.lengths.tolist()):
+        start, stop = index * piece, min((index + 1) * piece, length)
+        for first, end in lanes.rank_ranges(lane, start, stop):
+            if end > real_end:  # split at the real end: fillers come after it
+                if first < real_end:
+                    found = part_runs(sequence, shape, rank, first, real_end)
+                    runs.extend(found)
+                    run_lanes.extend([lane] * len(found))
+                    first = real_end
+                found = part_runs(sequence, shape, rank, first, end)
+                filler_runs.extend(range(len(runs), len(runs) + len(found)))
+            else:
+                found = part_runs(sequence, shape, rank, first, end)
+            runs.extend(found)
+            run_lanes.extend([lane] * len(found))
+    return runs, run_lanes, filler_runs
+
+
 def build_window(
     sequence: PassSequence, shape: Shape, options: PlanOptions, stream: StreamId, index: int
 ) -> Window:
@@ -199,18 +225,7 @@ def build_window(
         ([(0, 0, 2), (1, 2, 4)], [0, 1, 0, 1])
     """
     lanes = StreamLanes(shape, stream.phase)
-    piece, real_end = shape.piece_size, shape.real_end(stream.rank)
-    runs: list[Run] = []
-    run_lanes: list[int] = []
-    fillers: list[bool] = []
-    for lane, length in enumerate(lanes.lengths.tolist()):
-        start, stop = index * piece, min((index + 1) * piece, length)
-        for first, end in lanes.rank_ranges(lane, start, stop):
-            for low, high in ((first, min(end, real_end)), (max(first, real_end), end)):
-                found = part_runs(sequence, shape, stream.rank, low, high) if low < high else []
-                runs.extend(found)
-                run_lanes.extend([lane] * len(found))
-                fillers.extend([low >= real_end] * len(found))
+    runs, run_lanes, filler_runs = _window_runs(sequence, shape, lanes, stream.rank, index)
     lengths = np.fromiter((run.num_samples for run in runs), np.int64, len(runs))
     labels = np.repeat(np.arange(len(runs), dtype=np.int64), lengths)
     firsts = np.zeros(len(runs), dtype=np.int64)
@@ -222,5 +237,6 @@ def build_window(
         ordinals[order] = np.arange(len(labels)) - np.repeat(firsts, lengths)
     else:
         ordinals = np.arange(len(labels), dtype=np.int64) - np.repeat(firsts, lengths)
-    filler_runs = np.array(fillers, dtype=bool)
-    return Window(index, lanes.before(index), runs, run_lanes, labels, ordinals, filler_runs)
+    fillers = np.zeros(len(runs), dtype=bool)
+    fillers[filler_runs] = True
+    return Window(index, lanes.before(index), runs, run_lanes, labels, ordinals, fillers)
