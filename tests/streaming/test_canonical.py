@@ -4,7 +4,8 @@ With ``StreamOptions(canonical_ranks=4, canonical_workers=2)`` and a fixed globa
 (``batch_size * world_size``), a run on 1 rank x 1 worker, 2 x 2 and 4 x 1 sees the same
 sequence of global batches. Ranks are simulated in one process with explicit ``rank`` and
 ``world_size`` (the code path torch.distributed ranks take, see test_ddp.py), each with real
-DataLoader worker processes, stepping in lockstep as DDP ranks do.
+DataLoader worker processes, stepping in lockstep as DDP ranks do. Restores are also audited
+(:class:`~shardstream.ResumeAudit`): across them, only ``pad``'s one repeat of 83 samples.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pathlib
 
 import pytest
 
+from shardstream import ResumeAudit
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.streaming.shards import make_dataset
@@ -37,16 +39,23 @@ def _loaders(
 
 
 def _global_batches(
-    loaders: list[StreamingDataLoader], steps: int | None = None
+    loaders: list[StreamingDataLoader],
+    steps: int | None = None,
+    audit: pathlib.Path | None = None,
+    first: int = 0,
 ) -> list[list[str]]:
-    """Each step's batches of all ranks, concatenated in rank order."""
+    """Each step's batches of all ranks, concatenated in rank order (recorded in ``audit``
+    from step ``first``)."""
     iterators = [iter(loader) for loader in loaders]
+    audits = [ResumeAudit(audit, rank=rank) for rank in range(len(loaders))] if audit else []
     batches: list[list[str]] = []
     while steps is None or len(batches) < steps:
         step = [next(it, None) for it in iterators]
         if all(batch is None for batch in step):
             break
         assert all(batch is not None for batch in step), "ranks must yield equal batch counts"
+        for rank_audit, batch in zip(audits, step, strict=False):
+            rank_audit.record(first + len(batches), batch)
         batches.append([key for batch in step for key in batch["__key__"]])  # type: ignore[index]
     if steps is not None:
         for iterator in iterators:
@@ -76,14 +85,21 @@ def test_a_restore_at_a_dividing_world_size_continues_the_same_batches(
     root, _ = make_dataset(tmp_path, NUM_SAMPLES, 9)
     reference = _global_batches(_loaders(root, 1, 0))
     old = _loaders(root, 1, 2)
-    head = _global_batches(old, 4)
+    head = _global_batches(old, 4, tmp_path / "audit")
     state = old[0].state_dict()
     assert head == reference[:4] and state["history"] == [] and state["consumed_batches"] == 4
     new = _loaders(root, 4, 1)
     for loader in new:
         loader.load_state_dict(state, allow_new_batch_size=True)  # 8 per rank -> 2 per rank
-    assert _global_batches(new) == reference[4:]
+    assert _global_batches(new, audit=tmp_path / "audit", first=4) == reference[4:]
     assert new[0].state_dict()["history"] == [], "a skip, not a new pass"
+    _check_audit(tmp_path / "audit")
+
+
+def _check_audit(folder: pathlib.Path) -> None:
+    """The restored epoch: every sample, and only pad's one repeat (84 places for 83)."""
+    (epoch,) = ResumeAudit.report(folder, expected=NUM_SAMPLES).epochs
+    assert (epoch.consumed, epoch.duplicates, epoch.skips) == (84, 1, 0)
 
 
 @pytest.mark.slow
@@ -91,12 +107,13 @@ def test_default_plans_continue_at_another_worker_count(tmp_path: pathlib.Path) 
     root, _ = make_dataset(tmp_path, NUM_SAMPLES, 9)
     reference = _global_batches(_loaders(root, 2, 2, canonical=False))
     old = _loaders(root, 2, 2, canonical=False)
-    head = _global_batches(old, 5)
+    head = _global_batches(old, 5, tmp_path / "audit")
     state = old[0].state_dict()
     new = _loaders(root, 2, 1, canonical=False)  # 2 workers -> 1: the same pass goes on
     for loader in new:
         loader.load_state_dict(state)
-    assert head + _global_batches(new) == reference
+    assert head + _global_batches(new, audit=tmp_path / "audit", first=5) == reference
+    _check_audit(tmp_path / "audit")
 
 
 def test_canonical_settings_are_checked(tmp_path: pathlib.Path) -> None:
