@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 import torch.utils.data
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import ConfigError, RandomAccessDataset, make_view
 from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
@@ -26,7 +27,9 @@ from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import ShardSequence, shard_order
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
 from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
+from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset
+from tests.streaming.test_resume import OPTIONS, TORCHDATA_WARNING
 
 SIZES = [1, 7, 1001, 10007]
 WORLDS = [1, 2, 3, 4, 7, 64]
@@ -218,3 +221,24 @@ def test_random_access_evaluation_parts_are_equal_and_exact(
 
 def _collate_keys(samples: list[dict]) -> tuple[list[str], list[bool]]:
     return [s["__key__"] for s in samples], [s["__valid__"] for s in samples]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(TORCHDATA_WARNING)
+@pytest.mark.parametrize("stateful", [False, True], ids=["StreamingDataLoader", "Stateful"])
+def test_a_masked_rank_resumes_exactly(tmp_path: pathlib.Path, stateful: bool) -> None:
+    """The last of 3 ranks over 44 samples: 14 real samples and a filler, resumed anywhere."""
+    root, _ = make_dataset(tmp_path, 44, 7)
+    options = StreamOptions(**{**vars(OPTIONS), "rank": 2, "world_size": 3})
+
+    def make() -> torch.utils.data.DataLoader:
+        dataset = StreamingDataset(root, seed=5, batch_size=3, policy="mask", options=options)
+        if stateful:
+            return StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+        return StreamingDataLoader(dataset, num_workers=2)
+
+    def marked(batch: dict) -> tuple:
+        return tuple(zip(batch["__key__"], batch["__valid__"].tolist(), strict=True))
+
+    assert sum(not valid for batch in make() for _, valid in marked(batch)) == 1
+    assert_loader_resumes(make, key=marked, seed=int(stateful))

@@ -118,10 +118,7 @@ class LoaderPosition:
 
     def epoch_steps(self, num_workers: int) -> int | None:
         """Steps consumed in earlier passes of the epoch plus this pass's; None before one."""
-        total = self._pass_steps(num_workers)
-        if total is None or self._state is None:
-            return None
-        return sum(record.consumed_steps for record in self._state.history) + total
+        return None if self._state is None else self._epoch_length(self._state, num_workers)
 
     def start_pass(self, num_workers: int) -> None:
         """Choose the next pass (a pinned epoch, the rest of this one, or the next one) and
