@@ -10,7 +10,7 @@ process, as rank 0 of ``--world`` ranks, raw samples, batch 256:
 - first batch of a fresh epoch with 0 and with 8 DataLoader workers; PSS of the rank and its
   workers (pages the workers share with it count once);
 - first batch after a same-layout resume and an elastic restore (64 x 8 -> 48 x 8), both from
-  a state saved half-way through the epoch; the state's size; ``check_position`` after it;
+  a state saved half-way through the epoch; the state's size;
 - the manifest written, read, ``shardstream inspect`` and ``verify`` (its memory over the first
   shards: verify re-reads every byte, so at this size it is bound by bytes, not by memory);
 - a manifest of ``--huge`` (10,000,000) shards written and read;
@@ -18,7 +18,6 @@ process, as rank 0 of ``--world`` ranks, raw samples, batch 256:
   memory and build-state size, against the uninterrupted build.
 
 Usage: python benchmarks/scale.py [--shards 1000000] [--per-shard 1000] [--world 64]
-                                 [--policy pad|drop|mask]
 """
 
 from __future__ import annotations
@@ -89,14 +88,13 @@ start_import = time.perf_counter()
 import torch
 import psutil
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming import check_position
 imported = time.perf_counter() - start_import
-row, root, world, workers, state_path, policy = sys.argv[1:7]
+row, root, world, workers, state_path = sys.argv[1:6]
 world, workers = int(world), int(workers)
 before = psutil.Process().memory_info().rss
 started = time.perf_counter()
 options = StreamOptions(rank=0, world_size=world)
-ds = StreamingDataset(root, decode="raw", batch_size=256, policy=policy, options=options)
+ds = StreamingDataset(root, decode="raw", batch_size=256, options=options)
 length = len(ds)
 startup = time.perf_counter() - started
 after = psutil.Process().memory_info().rss
@@ -110,9 +108,6 @@ if row != "startup":
         result["state_bytes"] = len(json.dumps(state))
         started = time.perf_counter()
         loader.load_state_dict(state)
-        checked = time.perf_counter()
-        check_position(loader, state["global_batches"])
-        result["check_ms"] = (time.perf_counter() - checked) * 1000
     else:
         started = time.perf_counter()
     batches = iter(loader)  # kept: its workers stay alive for the memory measurement
@@ -128,28 +123,26 @@ print(json.dumps(result))
 """
 
 
-def run_row(
-    row: str, root: Path, world: int, workers: int, state: Path, policy: str = "pad"
-) -> dict:
-    command = [sys.executable, "-c", ROW_CODE, row, str(root), str(world), str(workers)]
+def run_row(row: str, root: Path, world: int, workers: int, state: Path) -> dict:
     out = subprocess.run(
-        [*command, str(state), policy], capture_output=True, text=True, timeout=1800
-    )
+        [sys.executable, "-c", ROW_CODE, row, str(root), str(world), str(workers), str(state)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"{row} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def half_way_state(root: Path, world: int, workers: int, path: Path, policy: str = "pad") -> int:
+def half_way_state(root: Path, world: int, workers: int, path: Path) -> int:
     """A loader state of rank 0 at ``world`` x ``workers``, half-way through epoch 0."""
     from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 
     options = StreamOptions(rank=0, world_size=world)
-    dataset = StreamingDataset(root, decode="raw", batch_size=256, policy=policy, options=options)
-    loader = StreamingDataLoader(dataset, num_workers=workers)
+    loader = StreamingDataLoader(
+        StreamingDataset(root, decode="raw", batch_size=256, options=options), num_workers=workers
+    )
     state = loader.state_dict()
     state["consumed_batches"] = len(loader) // 2  # what the loader says after that many batches
-    state["global_batches"] = len(loader) // 2
     path.write_text(json.dumps(state))
     return len(loader)
 
@@ -282,20 +275,18 @@ def main() -> None:
     parser.add_argument("--verify-shards", type=int, default=2000)
     parser.add_argument("--build-shards", type=int, default=100_000, help="0 skips the build rows")
     parser.add_argument("--data", type=Path, default=DATA_ROOT / "scale")
-    parser.add_argument("--policy", default="pad", help="pad, drop or mask (exact evaluation)")
     args = parser.parse_args()
     root = args.data / f"sim-{args.shards}x{args.per_shard}"
     made = build_simulation(root, args.shards, args.per_shard)
     print(f"simulated {args.shards} shards x {args.per_shard} samples in {made:.0f} s: {root}")
-    state_path = args.data / f"state-64x8-{args.policy}.json"
-    half_way_state(root, args.world, 8, state_path, args.policy)
-    world, policy = args.world, args.policy
+    state_path = args.data / "state-64x8.json"
+    half_way_state(root, args.world, 8, state_path)
     results = {
-        "startup": run_row("startup", root, world, 0, state_path, policy),
-        "first0": run_row("first0", root, world, 0, state_path, policy),
-        "first8": run_row("first8", root, world, 8, state_path, policy),
-        "resume": run_row("resume", root, world, 8, state_path, policy),
-        "elastic": run_row("elastic", root, world * 3 // 4, 8, state_path, policy),
+        "startup": run_row("startup", root, args.world, 0, state_path),
+        "first0": run_row("first0", root, args.world, 0, state_path),
+        "first8": run_row("first8", root, args.world, 8, state_path),
+        "resume": run_row("resume", root, args.world, 8, state_path),
+        "elastic": run_row("elastic", root, args.world * 3 // 4, 8, state_path),
     }
     print_loading(results, args)
     print_manifests(root, args)
@@ -306,7 +297,7 @@ def main() -> None:
 def print_loading(results: dict, args: argparse.Namespace) -> None:
     samples = args.shards * args.per_shard
     print(f"\n{args.shards:,} shards x {args.per_shard:,} = {samples:,} samples; rank 0 of "
-          f"{args.world}; batch 256, raw, policy {args.policy}; torch import "
+          f"{args.world}; batch 256, raw; torch import "
           f"{results['startup']['import_s']:.1f} s (not counted)\n")  # fmt: skip
     print("| measurement | seconds | memory |")
     print("|---|---:|---|")
@@ -318,7 +309,6 @@ def print_loading(results: dict, args: argparse.Namespace) -> None:
         memory = f"PSS {item['pss_mb']:.0f} MB over {item['processes']} processes"
         if "state_bytes" in item:
             memory += f"; state {item['state_bytes']:,} bytes"
-            memory += f"; check_position {item['check_ms']:.2f} ms"
         print(f"| {ROWS_TEXT[row]} | {item['first_batch_s']:.2f} | {memory} |")
 
 
