@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-#: 05_lightning.py runs three 2-process training jobs; tests/streaming/test_lightning.py runs it.
+#: 05_lightning.py runs four 2-process jobs; tests/streaming/test_lightning.py runs it.
 EXAMPLES = sorted(
     path
     for path in (pathlib.Path(__file__).parent.parent / "examples").glob("[0-9]*.py")
@@ -20,9 +20,9 @@ EXAMPLES = sorted(
 #: What an example that checks itself prints when its checks pass (it asserts before printing):
 #: exact evaluation on 4 torchrun ranks and in Lightning on 2, and a checked torchrun resume.
 PRINTS = {
-    "06_exact_eval.py": "4 ranks, mask: 1001 samples, accuracy",
-    "07_lightning_eval.py": "Lightning validate on 2 ranks: 1001 samples, accuracy",
-    "08_checked_resume.py": "every rank stops: ResumeError: the loader is at epoch 0, batch 0",
+    "07_exact_eval.py": "4 ranks, mask: 1001 samples, accuracy",
+    "08_lightning_eval.py": "Lightning validate on 2 ranks: 1001 samples, accuracy",
+    "09_checked_resume.py": "every rank stops: ResumeError: the loader is at epoch 0, batch 0",
 }
 
 

@@ -6,8 +6,8 @@ jobs no duplicate but ``pad``'s own repeat and no skip; and one restarted from t
 checkpoint whose loader's state was left out (as a wrapper that drops it would), which
 ``check_position`` stops with both positions instead of training silently on wrong samples.
 
-Run: python examples/08_checked_resume.py   (launches itself with torchrun --nproc-per-node 2)
-     torchrun --nproc-per-node 2 examples/08_checked_resume.py DATA OUT [--kill-at N]
+Run: python examples/09_checked_resume.py   (launches itself with torchrun --nproc-per-node 2)
+     torchrun --nproc-per-node 2 examples/09_checked_resume.py DATA OUT [--kill-at N]
                                           [--resume CKPT] [--drop-loader-state]
 """
 

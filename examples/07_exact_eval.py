@@ -6,7 +6,7 @@ with ``preds[valid], labels[valid]`` counts every sample exactly once over all r
 synchronised torchmetrics accuracy is the single-process accuracy to the last bit. With
 ``policy="pad"`` (the training default) 3 of the 1,001 samples are counted twice.
 
-Run: python examples/06_exact_eval.py   (launches itself with torchrun --nproc-per-node 4)
+Run: python examples/07_exact_eval.py   (launches itself with torchrun --nproc-per-node 4)
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ torchmetrics accuracy with ``preds[valid], labels[valid]`` and logs the metric o
 Lightning computes over both ranks at the end. ``trainer.validate`` then reports the
 single-process accuracy exactly.
 
-Run: python examples/07_lightning_eval.py   (makes data, validates on 2 processes and in one)
-     python examples/07_lightning_eval.py --data D --out O
+Run: python examples/08_lightning_eval.py   (makes data, validates on 2 processes and in one)
+     python examples/08_lightning_eval.py --data D --out O
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import lightning as L  # noqa: E402  (after the filter: some notes come at impor
 
 HERE = pathlib.Path(__file__).resolve().parent
 #: The data and the fixed "model" of the torchrun example.
-_spec = importlib.util.spec_from_file_location("exact_eval", HERE / "06_exact_eval.py")
+_spec = importlib.util.spec_from_file_location("exact_eval", HERE / "07_exact_eval.py")
 assert _spec is not None and _spec.loader is not None
 exact_eval = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(exact_eval)
