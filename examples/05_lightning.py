@@ -59,8 +59,8 @@ class TinyModel(L.LightningModule):
         return StreamingDataLoader(dataset, num_workers=1)
 
     def training_step(self, batch: dict, index: int) -> torch.Tensor:
-        if self.global_step == self.kill_at and self.global_rank == 0:
-            os.killpg(os.getpgid(0), signal.SIGKILL)  # a crash: every rank dies at once
+        if self.global_step == self.kill_at:  # the first rank there kills both: a crash
+            os.killpg(os.getpgid(0), signal.SIGKILL)  # (neither has logged this step yet)
         if self.audit is None:  # made once torch.distributed is up: it knows the rank
             self.audit = ResumeAudit(self.audit_folder)
         self.audit.record(self.global_step, batch, self.current_epoch)

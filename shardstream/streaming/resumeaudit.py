@@ -85,7 +85,7 @@ class ResumeAudit:
         >>> audit = ResumeAudit("checkpoints/audit")  # doctest: +SKIP
         >>> for batch in loader:  # doctest: +SKIP
         ...     audit.record(step, batch, epoch)  # dict batches: their __key__ (and __valid__)
-        >>> print(ResumeAudit.report("checkpoints/audit", expected=len(dataset_keys)))
+        >>> report = ResumeAudit.report("checkpoints/audit", expected=ds.manifest.num_samples)
     """
 
     def __init__(self, directory: str | pathlib.Path, rank: int | None = None) -> None:
@@ -128,7 +128,8 @@ class ResumeAudit:
         Args:
             directory: The audit's folder.
             expected: Samples an epoch should hold, each once (the dataset's count); without
-                it, skips are not counted.
+                it, skips are not counted. An epoch still under way counts what it has not
+                read yet as skips.
             memory_bytes: Most digests held at once (the files are read in as many passes).
         """
         runs = _effective_runs(pathlib.Path(directory))

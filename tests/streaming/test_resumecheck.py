@@ -113,7 +113,7 @@ def test_set_epoch_loops_count_every_epoch_once(tmp_path: pathlib.Path) -> None:
 @pytest.mark.filterwarnings(TORCHDATA_WARNING)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stateful_dataloader_positions_are_checked_too(
-    tmp_path: pathlib.Path, workers: int
+    tmp_path: pathlib.Path, workers: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     root, _ = make_dataset(tmp_path, 45, 7)
 
@@ -135,4 +135,11 @@ def test_stateful_dataloader_positions_are_checked_too(
     assert (position.epoch, position.epoch_batches) == (1, 4)
     with pytest.raises(ResumeError, match=r"epoch 0, batch 0 of 15 .* step 19 \(19 batches\)"):
         check_position(make(), 19)
-    assert len(list(restored)) == 11
+    with caplog.at_level(logging.INFO, logger="shardstream.streaming"):
+        assert len(list(restored)) == 11
+    if workers == 0:  # restored in this process (with workers, in worker 0: its own log)
+        (line,) = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]
+        assert line == (
+            "rank 0 of 1: dataset state restored in epoch 1; the loader goes on at batch 4 of "
+            "15 (11 batches left)"
+        )
