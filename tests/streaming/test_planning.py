@@ -189,6 +189,13 @@ def test_default_windows_mix_class_ordered_shards(workers: int) -> None:
     assert class_mix(labels, batch, num_classes) >= 0.8
 
 
+def test_shard_orders_stay_those_of_earlier_releases() -> None:
+    for num_shards in (1, 7, 1000, 100_003):
+        order = shard_order(num_shards, 3, 2)
+        expected = np.random.default_rng([3, 2, 0x5EED]).permutation(num_shards)
+        assert order.dtype == np.int32 and np.array_equal(order, expected)
+
+
 def test_canonical_ranks_split_into_physical_ranks() -> None:
     assert list(plan_ranks(8, 2, 1)) == [4, 5, 6, 7]
     with pytest.raises(ConfigError, match="divide"):

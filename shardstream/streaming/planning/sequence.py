@@ -62,9 +62,12 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) ->
         >>> shard_order(4, seed=0, epoch=0, shuffle=False).tolist()
         [0, 1, 2, 3]
     """
-    if not shuffle:
-        return np.arange(num_shards, dtype=np.int64)
-    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(num_shards)
+    # 32-bit numbers halve the memory and time of ten million shards; shuffled in place, they
+    # are the same permutation as ``permutation(num_shards)`` (the order of earlier releases).
+    order = np.arange(num_shards, dtype=np.int32 if num_shards < 2**31 else np.int64)
+    if shuffle:
+        np.random.default_rng([seed, epoch, 0x5EED]).shuffle(order)
+    return order
 
 
 class ShardSequence:
