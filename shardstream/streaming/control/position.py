@@ -77,6 +77,7 @@ class LoaderPosition:
         if state is not self._state:  # a fresh epoch (follow_versions moves to the newest)
             self._control.epoch_starts(after_pin=pinned)
         self._state = self._planned(state, num_workers)
+        self._pass_steps(num_workers)  # the plan made here, before workers fork: they share it
         self._finished = False
         channel.post(self._state.as_dict())
 
