@@ -13,6 +13,9 @@ for rank 0 and for the last rank:
   default ``3/4 W x 8`` and ``5/4 W x 4``, e.g. 1,024 x 8 -> 768 x 8 and -> 1,280 x 4);
 - the state's size, and the memory of the rank and of each of its workers.
 
+Each first batch is given as wall time and as the CPU seconds the rank and its workers spent
+(which a busy machine inflates far less).
+
 Then (unless ``--no-files``) each dataset's manifest read and written, ``inspect`` and
 ``verify`` of the first one, and (``--build-shards``) a build killed half-way and resumed.
 
@@ -88,7 +91,7 @@ def measure(root: Path, world: int, workers: int, elastic: list[str], data: Path
             rows[f"elastic {new_world}x{new_workers}"] = run_row(
                 "resume", root, new_world, new_workers, new_rank, state
             )
-        ranks[f"rank {rank}"] = rows
+        ranks["rank 0" if which == "first" else "last rank"] = rows
     return {"state_bytes": saved["state_bytes"], "batches": saved["batches"], "ranks": ranks}
 
 
@@ -108,7 +111,7 @@ def print_result(name: str, world: int, workers: int, result: dict) -> None:
             if row == "startup":
                 cells.append(f"{item['startup_s']:.2f} s, +{item['startup_mb']:.0f} MB")
                 continue
-            cell = f"{item['first_batch_s']:.2f} s"
+            cell = f"{item['first_batch_s']:.2f} s ({item.get('first_batch_cpu_s', 0):.2f} CPU-s)"
             if item["workers"]:
                 cell += (
                     f"; worker PSS {item['worker_pss_mb']:.0f} MB "
@@ -116,6 +119,30 @@ def print_result(name: str, world: int, workers: int, result: dict) -> None:
                 )
             cells.append(cell + f"; rank RSS {item['rank_rss_mb']:.0f} MB")
         print(f"| {row} | " + " | ".join(cells) + " |")
+
+
+def print_summary(everything: dict) -> None:
+    """README's form: a column per dataset and layout, a row per measurement in the order of
+    the first, each cell the slower of rank 0 and the last rank, wall (CPU) seconds."""
+    print("\n| worst of rank 0 and the last rank | " + " | ".join(everything) + " |")
+    print("|---|" + "---:|" * len(everything))
+    rows = [list(result["ranks"]["rank 0"]) for result in everything.values()]
+    for number, row in enumerate(rows[0]):
+        cells = []
+        for names, result in zip(rows, everything.values(), strict=True):
+            items = [rank[names[number]] for rank in result["ranks"].values()]
+            if row == "startup":
+                worst = max(items, key=lambda item: item["startup_s"])
+                cells.append(f"{worst['startup_s']:.2f} (+{worst['startup_mb']:.0f} MB)")
+            else:
+                worst = max(items, key=lambda item: item["first_batch_s"])
+                cells.append(
+                    f"{worst['first_batch_s']:.2f} ({worst.get('first_batch_cpu_s', 0):.2f})"
+                )
+        label = row if number < 4 else ", ".join(names[number] for names in rows)
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    states = " | ".join(f"{result['state_bytes']}" for result in everything.values())
+    print(f"| state bytes | {states} |")
 
 
 def main() -> None:
@@ -148,6 +175,7 @@ def main() -> None:
             name = f"{shards:,} shards x {per_shard:,} = {shards * per_shard:.0e} samples"
             print_result(name, world, workers, result)
             everything[f"{dataset} at {layout}"] = result
+    print_summary(everything)
     if args.out:
         args.out.write_text(json.dumps(everything, indent=1))
     if not args.no_files:
