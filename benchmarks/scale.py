@@ -13,8 +13,9 @@ for rank 0 and for the last rank:
   default ``3/4 W x 8`` and ``5/4 W x 4``, e.g. 1,024 x 8 -> 768 x 8 and -> 1,280 x 4);
 - the state's size, and the memory of the rank and of each of its workers.
 
-Each first batch is given as wall time and as the CPU seconds the rank and its workers spent
-(which a busy machine inflates far less).
+Each first batch is given as wall time and as CPU seconds, which a busy machine inflates far
+less: the rank's plus its slowest worker's (about the wall time on idle cores; an upper bound,
+as workers go on to their next batches), and in all.
 
 Then (unless ``--no-files``) each dataset's manifest read and written, ``inspect`` and
 ``verify`` of the first one, and (``--build-shards``) a build killed half-way and resumed.
@@ -111,7 +112,10 @@ def print_result(name: str, world: int, workers: int, result: dict) -> None:
             if row == "startup":
                 cells.append(f"{item['startup_s']:.2f} s, +{item['startup_mb']:.0f} MB")
                 continue
-            cell = f"{item['first_batch_s']:.2f} s ({item.get('first_batch_cpu_s', 0):.2f} CPU-s)"
+            cell = (
+                f"{item['first_batch_s']:.2f} s ({item.get('critical_cpu_s', 0):.2f} CPU-s; "
+                f"{item.get('first_batch_cpu_s', 0):.2f} in all)"
+            )
             if item["workers"]:
                 cell += (
                     f"; worker PSS {item['worker_pss_mb']:.0f} MB "
@@ -123,7 +127,8 @@ def print_result(name: str, world: int, workers: int, result: dict) -> None:
 
 def print_summary(everything: dict) -> None:
     """README's form: a column per dataset and layout, a row per measurement in the order of
-    the first, each cell the slower of rank 0 and the last rank, wall (CPU) seconds."""
+    the first, each cell the slower of rank 0 and the last rank: wall (rank + slowest worker
+    CPU) seconds."""
     print("\n| worst of rank 0 and the last rank | " + " | ".join(everything) + " |")
     print("|---|" + "---:|" * len(everything))
     rows = [list(result["ranks"]["rank 0"]) for result in everything.values()]
@@ -136,9 +141,7 @@ def print_summary(everything: dict) -> None:
                 cells.append(f"{worst['startup_s']:.2f} (+{worst['startup_mb']:.0f} MB)")
             else:
                 worst = max(items, key=lambda item: item["first_batch_s"])
-                cells.append(
-                    f"{worst['first_batch_s']:.2f} ({worst.get('first_batch_cpu_s', 0):.2f})"
-                )
+                cells.append(f"{worst['first_batch_s']:.2f} ({worst.get('critical_cpu_s', 0):.2f})")
         label = row if number < 4 else ", ".join(names[number] for names in rows)
         print(f"| {label} | " + " | ".join(cells) + " |")
     states = " | ".join(f"{result['state_bytes']}" for result in everything.values())
