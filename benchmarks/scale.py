@@ -142,7 +142,7 @@ def print_summary(everything: dict) -> None:
             else:
                 worst = max(items, key=lambda item: item["first_batch_s"])
                 cells.append(f"{worst['first_batch_s']:.2f} ({worst.get('critical_cpu_s', 0):.2f})")
-        label = row if number < 4 else ", ".join(names[number] for names in rows)
+        label = row if number < 4 else ", ".join(dict.fromkeys(names[number] for names in rows))
         print(f"| {label} | " + " | ".join(cells) + " |")
     states = " | ".join(f"{result['state_bytes']}" for result in everything.values())
     print(f"| state bytes | {states} |")

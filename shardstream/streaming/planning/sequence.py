@@ -86,13 +86,16 @@ class ShardSequence:
     """
 
     def __init__(self, counts: np.ndarray, order: np.ndarray) -> None:
-        ordered = np.asarray(counts, dtype=np.int64)[order]  # one random gather (1e7: slow)
+        counts = np.asarray(counts, dtype=np.int64)
+        if len(counts) and int(counts.max()) < 2**31:
+            counts = counts.astype(np.int32)  # the random gather below reads half the memory
+        ordered = counts[order]
         kept = ordered > 0
         if not kept.all():
             order, ordered = order[kept], ordered[kept]
         self.order = order
         self.starts = np.zeros(len(order) + 1, dtype=np.int64)
-        np.cumsum(ordered, out=self.starts[1:])
+        np.cumsum(ordered, dtype=np.int64, out=self.starts[1:])
         self.length = int(self.starts[-1])
 
     def locate(self, start: int, stop: int) -> list[Run]:
