@@ -1,4 +1,4 @@
-"""The remainder of a pass as shardstream 0.3 computed it, eagerly: the oracle of the lazy one.
+"""The remainder of a pass as earlier releases computed it, eagerly: the lazy one's oracle.
 
 A state saved after an elastic restore names its earlier passes; the pass it continues must be
 the same sequence, range for range, as the one it was saved in (else its consumed steps name

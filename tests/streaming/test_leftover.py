@@ -36,7 +36,7 @@ def _options(rng: random.Random, policy: str | None = None) -> PlanOptions:
 
 
 def test_left_sequences_keep_the_ranges_of_the_stored_remainder() -> None:
-    """Range for range the order of 0.3's stored list, so saved states continue exactly."""
+    """Range for range the order of the list earlier releases stored: saved states continue."""
     rng = random.Random(7)
     for case in range(150):
         counts = np.array([rng.randint(0, 30) for _ in range(rng.randint(1, 30))])

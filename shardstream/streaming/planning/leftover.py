@@ -12,11 +12,11 @@ filled per rank) and the rest of each lane's partly taken unit; then, per lane, 
 the streams' frontiers leave. Rank ``r``'s leftovers are positions ``[r * Q, (r + 1) * Q)`` of
 the sequence, and ``drop``'s tail follows. The template costs ``O(streams x lanes)``, once; a
 position is found by two divisions and a binary search, and a rank's partly read window is
-built only when a position inside it is asked for: a rank after a restore pays for the few
-earlier ranks its own part covers, whatever the number of ranks or samples.
+built only when a position inside it is asked for: a rank after a restore pays for the few old
+ranks its own part covers, whatever the number of ranks or samples.
 
-The order is that of the stored ranges of shardstream 0.3 (rank by rank, stream by stream, lane
-by lane), so states saved after a restore continue exactly.
+The order is that of the list of ranges earlier releases stored (rank by rank, stream by
+stream, lane by lane), so states saved after a restore continue exactly.
 """
 
 from __future__ import annotations
