@@ -40,6 +40,9 @@ def run_row(row: str, root: Path, out: Path) -> dict:
         _webdataset_writer(root, out)
     elif row == "mosaic":
         _mosaic_writer(root, out)
+    elif row == "plan":
+        return {**_plan(root), "seconds": time.perf_counter() - start,
+                "rss_mb": _own_peak_kib() / 1024}  # fmt: skip
     else:
         from shardstream import build_shards
 
@@ -48,6 +51,23 @@ def run_row(row: str, root: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"seconds": seconds, "rss_mb": _own_peak_kib() / 1024, "child_rss_mb": children / 1024}
+
+
+def _plan(root: Path) -> dict:
+    """Scan a tree and plan its shards (what a build holds before it writes): the listing's
+    size per file and the process's memory after the imports."""
+    from shardstream.shardwriter.options import BuildOptions
+    from shardstream.shardwriter.plan import plan_chunks
+    from shardstream.shardwriter.sources import scan_source
+
+    with open("/proc/self/statm") as statm:
+        imported_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    table = scan_source(root).table
+    chunks = plan_chunks(table, BuildOptions(max_bytes_per_shard=256 * 10**6))
+    arrays = (table.offsets, table.labels, table.sizes)
+    table_bytes = len(table.paths) + sum(array.nbytes for array in arrays)
+    return {"files": len(table), "chunks": len(chunks), "table_bytes": table_bytes,
+            "imported_mb": imported_mb}  # fmt: skip
 
 
 def _own_peak_kib() -> int:
@@ -131,6 +151,7 @@ def main() -> None:
     parser.add_argument("--tiny-files", type=int, default=1_000_000)
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--scaling-only", action="store_true", help="only the tiny-file rows")
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -139,19 +160,28 @@ def main() -> None:
         print(json.dumps(run_row(args.row, Path(args.root), Path(args.out))))
         return
     out = DATA_ROOT / "bench-out"
-    root = imagenet_like(args.num_images, args.num_classes)
-    count, size = _tree_stats(root)
-    _warm(root)
-    rows = [row for row in args.rows.split(",") if row and (row != "mosaic" or _has_mosaic())]
-    results = {row: _child(row, root, out) for row in rows}
-    _print_table(results, count, size)
+    if not args.scaling_only:
+        root = imagenet_like(args.num_images, args.num_classes)
+        count, size = _tree_stats(root)
+        _warm(root)
+        rows = [row for row in args.rows.split(",") if row and (row != "mosaic" or _has_mosaic())]
+        results = {row: _child(row, root, out) for row in rows}
+        _print_table(results, count, size)
     if not args.skip_scaling:
-        tiny = tiny_tree(args.tiny_files)
-        _warm(tiny)
-        scaling = _child("shardstream-1", tiny, out)
-        print(f"\nScaling: scan + build of {args.tiny_files:,} tiny files (1 worker): "
-              f"{scaling['seconds']:.1f} s, {args.tiny_files / scaling['seconds']:,.0f} files/s, "
-              f"peak RSS {scaling['rss_mb']:.0f} MB")
+        _print_scaling(tiny_tree(args.tiny_files), args.tiny_files, out)
+
+
+def _print_scaling(tiny: Path, count: int, out: Path) -> None:
+    _warm(tiny)
+    plan = _child("plan", tiny, out)
+    print(f"\nScaling: scan + plan of {count:,} tiny files: {plan['seconds']:.1f} s, "
+          f"{plan['chunks']:,} shards planned, listing {plan['table_bytes'] / count:.0f} bytes "
+          f"per file, peak RSS {plan['rss_mb']:.0f} MB ({plan['imported_mb']:.0f} MB after "
+          "the imports)")  # fmt: skip
+    scaling = _child("shardstream-1", tiny, out)
+    print(f"Scaling: scan + build of {count:,} tiny files (1 worker): "
+          f"{scaling['seconds']:.1f} s, {count / scaling['seconds']:,.0f} files/s, "
+          f"peak RSS {scaling['rss_mb']:.0f} MB")  # fmt: skip
 
 
 def _print_table(results: dict, count: int, size: int) -> None:

@@ -127,6 +127,13 @@ class ShardList:
             raise ConfigError("sample counts are unknown: a source has no manifest")
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
+    def total_samples(self) -> int:
+        """Samples over all shards, from the tables' totals (no pass over their counts)."""
+        tables = [source.table for source in self.sources]
+        if not all(isinstance(table, ShardTable) for table in tables):
+            raise ConfigError("sample counts are unknown: a source has no manifest")
+        return sum(table.total_samples for table in tables if isinstance(table, ShardTable))
+
     def facts(self) -> DatasetFacts:
         """What the default epoch order depends on (indexes, local storage, sample size)."""
         tables = [source.table for source in self.sources]

@@ -154,9 +154,11 @@ class ShardTable(collections.abc.Sequence[ShardInfo]):
         num_bytes: np.ndarray,
         sha256: np.ndarray | None = None,
         indexes: NameColumn | None = None,
+        totals: tuple[int, int] | None = None,
     ) -> None:
         self.names, self.num_samples, self.num_bytes = names, num_samples, num_bytes
         self.sha256, self.indexes = sha256, indexes
+        self._totals = totals  # (samples, bytes) when the reader summed them already
 
     @classmethod
     def of(cls, shards: Iterable[ShardInfo]) -> ShardTable:
@@ -180,12 +182,12 @@ class ShardTable(collections.abc.Sequence[ShardInfo]):
     @property
     def total_samples(self) -> int:
         """Samples over all shards."""
-        return int(self.num_samples.sum())
+        return self._totals[0] if self._totals is not None else int(self.num_samples.sum())
 
     @property
     def total_bytes(self) -> int:
         """Bytes over all shards."""
-        return int(self.num_bytes.sum())
+        return self._totals[1] if self._totals is not None else int(self.num_bytes.sum())
 
     @property
     def num_indexed(self) -> int:

@@ -32,7 +32,7 @@ class PassCache:
     def epoch_length(self) -> int:
         """Samples in a fresh epoch of a single dataset."""
         if self._length is None:
-            self._length = int(self._shards.counts().sum())
+            self._length = self._shards.total_samples()
         return self._length
 
     def base(self, epoch: int) -> BaseSequence:

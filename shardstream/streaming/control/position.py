@@ -140,6 +140,7 @@ class LoaderPosition:
             if self._state is not None:  # the trainer's steps count the last epoch's batches
                 self._before_epoch += _epoch_batches(self._state)
         self._state = self._planned(state, num_workers)
+        self._pass_steps(num_workers)  # the plan made here, before workers fork: they share it
         self._finished = False
         self.pass_start = self.position(num_workers)
         channel.post(self._state.as_dict())
