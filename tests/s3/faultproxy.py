@@ -225,9 +225,9 @@ class FaultProxy:
     def _send_body(self, client: socket.socket, data: bytes) -> None:
         for start in range(0, len(data), _SEND_PIECE):
             piece = data[start : start + _SEND_PIECE]
-            client.sendall(piece)
-            with self._lock:
+            with self._lock:  # counted first: the client may have it all before sendall returns
                 self.body_bytes_sent += len(piece)
+            client.sendall(piece)
 
     def _forward(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes

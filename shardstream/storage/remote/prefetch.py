@@ -8,10 +8,10 @@ server idle, and its decoding waits on the network. Here:
 - :class:`FetchPool` is one set of daemon threads per process, shared by every open stream, that
   runs span fetches in the order submitted: ``ReadOptions.min_requests`` of them where the store
   answers fast, more (up to ``max_requests``) as its measured first-byte latency grows.
-- :class:`SpanPrefetcher` is the :class:`~shardstream.storage.ranged.ChunkSource` of a bounded
-  byte range: it cuts the range into spans and keeps the next ones submitted to the pool, so the
-  rest of a piece arrives while the caller decodes its first samples and opens other pieces. A
-  caller that needs a span nobody has started yet fetches it itself (no waiting behind other
+- :class:`SpanPrefetcher` is the :class:`~.ranged.ChunkSource` of a bounded byte range: it
+  cuts the range into spans and keeps the next ones submitted to the pool, so the rest of a
+  piece arrives while the caller decodes its first samples and opens other pieces. A caller
+  that needs a span nobody has started yet fetches it itself (no waiting behind other
   streams' queued spans).
 
 Memory bound: a prefetcher holds at most ``max(ahead_bytes, span_bytes)`` of fetched or
@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shardstream.storage.latency import LatencyGauge, TimedSource
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.ranged import Chunk, ChunkFetcher
-from shardstream.storage.retry import Retrier
+from shardstream.storage.remote.latency import LatencyGauge, TimedSource
+from shardstream.storage.remote.ranged import Chunk, ChunkFetcher
+from shardstream.storage.remote.retry import Retrier
 
 __all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "pool_for", "shared_pool", "span_fetch"]
 
@@ -95,7 +95,7 @@ class FetchPool:
 
     Between ``min_threads`` and ``max_threads`` threads run at once: :attr:`gauge` measures
     each GET's first-byte delay against its transfer time and asks for more requests in flight
-    when the store answers slowly (see :mod:`shardstream.storage.latency`). Threads start on
+    when the store answers slowly (see :mod:`shardstream.storage.remote.latency`). Threads start on
     demand and exit after ``idle_exit_s`` without work, or when the count asked for drops.
     """
 

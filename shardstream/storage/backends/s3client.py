@@ -5,7 +5,7 @@ read hops between threads and the body arrives in 64 KiB pieces that are copied 
 Measured against radosgw on 127.0.0.1 (4.7 MB ranged GETs, one at a time) that path reaches
 ~250 MB/s at 1.1-1.5 CPU s/GB; botocore's own urllib3 client, reading each body straight into
 one preallocated buffer, ~340 MB/s at 0.7 CPU s/GB, and it is thread-safe, so several GETs can
-run at once from a small thread pool (:mod:`shardstream.storage.prefetch`).
+run at once from a small thread pool (:mod:`shardstream.storage.remote.prefetch`).
 
 The client is built from the same settings as the s3fs filesystem (keys, token, endpoint,
 ``client_kwargs``, ``config_kwargs``, session ``kwargs`` such as ``profile``), once per process
@@ -21,8 +21,8 @@ import os
 import threading
 from typing import Any
 
-from shardstream.storage.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
-from shardstream.storage.retry import ShortReadError
+from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
+from shardstream.storage.remote.retry import ShortReadError
 
 __all__ = ["PresignedGets", "SyncS3Body", "sync_client"]
 
@@ -131,9 +131,9 @@ class SyncS3Body:
     def read_chunk(self, num_bytes: int) -> bytearray | memoryview:
         """Up to ``num_bytes`` of the body; an empty buffer at its end.
 
-        Reads of :data:`~shardstream.storage.buffers.MIN_POOLED_BYTES` or more land in a
+        Reads of :data:`~shardstream.storage.remote.buffers.MIN_POOLED_BYTES` or more land in a
         reused buffer and come back as a view of it (give it back with
-        :func:`~shardstream.storage.buffers.recycle`); smaller ones as a ``bytearray``.
+        :func:`~shardstream.storage.remote.buffers.recycle`); smaller ones as a ``bytearray``.
         """
         if self._error is not None:
             error, self._error = self._error, None

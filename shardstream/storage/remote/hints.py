@@ -4,7 +4,7 @@ A streaming worker knows which pieces of which shards it will open next (its win
 but opens each only when its first sample is due, and every open on an object store waits for
 a first byte (~3-20 ms on radosgw, more on a WAN). :class:`PrefetchQueue` takes those
 announcements (:meth:`PrefetchQueue.hint`), opens the ranges ahead of use as background
-streams (their spans fetched by the shared :class:`~shardstream.storage.prefetch.FetchPool`),
+streams (their spans fetched by the shared :class:`~shardstream.storage.remote.prefetch.FetchPool`),
 and hands a stream over when the same range is opened (:meth:`PrefetchQueue.take`).
 
 Memory bound: the streams opened ahead and not yet taken cover at most ``budget_bytes`` per

@@ -1,4 +1,4 @@
-"""Memory maps of local shard files: each shard mapped once per pass, kept while it is read.
+"""Memory maps of local files: each file mapped once per pass, kept while it is read.
 
 The default order reads pieces of a few samples from hundreds of places in the shards. A map
 made per piece costs its ``mmap`` and ``munmap`` and page faults on a fresh mapping every time
@@ -12,7 +12,7 @@ kernel under pressure), but they count in the process's resident size while mapp
 
 Maps are copy-on-write, so samples are writable views (``torch.frombuffer`` needs no copy) and
 a write changes only this process's copy of a page. A reader keeps its maps for one pass only
-(:class:`~shardstream.streaming.worker.handles.HandlePool` clears them when it closes): within a
+(:class:`~shardstream.storage.backends.local.LocalRanges` clears them when it closes): within a
 pass every sample is read once, so a sample a training loop wrote into is never read again from
 the same map. As with any memory-mapped reader, a file truncated in place while mapped fails
 with SIGBUS on its missing pages; shards replaced by renaming (as the writer and ``rsync`` do)
@@ -27,14 +27,20 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import IO
 
 from shardstream.storage.limits import file_budget
 
-__all__ = ["DEFAULT_MAP_CACHE_BYTES", "FileMaps", "MappedFile", "map_range"]
+__all__ = ["DEFAULT_MAP_CACHE_BYTES", "MAP_WINDOW_BYTES", "FileMaps", "MappedFile", "WindowMaps",
+           "map_range"]  # fmt: skip
 
 #: Bytes of shard files a reader keeps mapped in a pass (least recently used dropped).
 DEFAULT_MAP_CACHE_BYTES = 2 << 30
+#: Most bytes of a file mapped at once by :class:`WindowMaps`. A mapping stays until every view
+#: in it is released, so this bounds the bytes one held sample keeps mapped (about 14 JPEGs of
+#: 70 KB).
+MAP_WINDOW_BYTES = 1 << 20
 
 
 class _MapBudget:
@@ -211,3 +217,64 @@ class FileMaps:
 def _close_probe(fd: int) -> None:
     os.close(fd)
     _MAPS.give_back()
+
+
+class WindowMaps:
+    """Consecutive ranges of one open local file as views of copy-on-write memory maps.
+
+    The ranges are ``[boundaries[i], boundaries[i + 1])`` (a shard's samples, by its index).
+    Each mapping covers a window of whole consecutive ranges (at most ``window`` bytes, or one
+    larger range) and is unmapped when the last view into it is released. Views are writable
+    (copy-on-write: writing changes this process's page, never the file), so
+    ``torch.frombuffer`` wraps them without a copy or a warning.
+
+    Args:
+        stream: An open local file.
+        boundaries: Where each range starts, then where the last one ends.
+        stop: One past the last range that will be asked for.
+        window: Most bytes mapped at once.
+
+    Example:
+        >>> with open("shard-000000.tar", "rb") as stream:  # doctest: +SKIP
+        ...     view = WindowMaps(stream, offsets, 8).view(3)  # bytes of range 3, or None
+    """
+
+    def __init__(
+        self, stream: IO[bytes], boundaries: Sequence[int], stop: int,
+        window: int = MAP_WINDOW_BYTES,
+    ) -> None:  # fmt: skip
+        self._offsets, self._stop, self._window = boundaries, stop, window
+        self._view: memoryview | None = None
+        self._base = self._end = 0
+        try:
+            self._fileno = stream.fileno()
+            # Mapping bytes past the end of the file would fault: a shorter file is read (and
+            # reported) by the caller instead.
+            self.usable = os.fstat(self._fileno).st_size >= boundaries[stop]
+        except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is both)
+            self.usable = False
+
+    def view(self, ordinal: int) -> memoryview | None:
+        """The bytes of range ``ordinal``, or None when they cannot be mapped (read them)."""
+        here, after = self._offsets[ordinal], self._offsets[ordinal + 1]
+        view = self._view
+        if view is None or here < self._base or after > self._end:
+            if not self.usable or after <= here:
+                return None
+            view = self._map(ordinal)
+            if view is None:
+                return None
+        return view[here - self._base : after - self._base]
+
+    def _map(self, ordinal: int) -> memoryview | None:
+        offsets = self._offsets
+        base = offsets[ordinal] - offsets[ordinal] % mmap.ALLOCATIONGRANULARITY
+        last = ordinal + 1
+        while last < self._stop and offsets[last + 1] - base <= self._window:
+            last += 1
+        view = map_range(self._fileno, base, offsets[last])
+        if view is None:  # out of maps or descriptors: read from now on
+            self.usable, self._view = False, None
+            return None
+        self._view, self._base, self._end = view, base, offsets[last]
+        return self._view

@@ -1,25 +1,88 @@
-"""One S3 object's HEAD and ranged GETs, on botocore's synchronous client where possible.
+"""S3 (and S3-compatible servers): ranged GETs and uploads on botocore's synchronous client.
 
-:class:`S3Source` is the :class:`~shardstream.storage.ranged.RangeSource` that
-:func:`shardstream.storage.remote.open_remote` reads S3 objects through. By default it sends its
-requests on a plain botocore client (:mod:`shardstream.storage.s3sync`: thread-safe, bodies read
-straight into one buffer per GET); filesystems that client cannot mirror go through s3fs's
-aiobotocore client and event loop, as before. Either way botocore's own retries are off and the
-first ranged GET's ``Content-Range`` and ``ETag`` give the object's size and version.
+:class:`S3Backend` reads through :class:`S3Source`, which sends its requests on a plain botocore
+client (:mod:`.s3client`: thread-safe, bodies read straight into one buffer per GET);
+filesystems that client cannot mirror go through s3fs's aiobotocore client and event loop.
+Either way botocore's own retries are off (the
+:class:`~shardstream.storage.remote.retry.Retrier` owns them) and the first ranged GET's
+``Content-Range`` and ``ETag`` give the object's size and version (no HEAD); later GETs carry
+``If-Match`` on that ETag. Writes are multipart uploads with parts in flight
+(:mod:`.s3upload`), and an exclusive create is a ``PutObject`` with ``If-None-Match: *``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, Any, cast
 
 from fsspec.asyn import sync
 
-from shardstream.storage.retry import client_error_code
-from shardstream.storage.s3sync import PresignedGets, SyncS3Body
+from shardstream.storage.backends.generic import Backend, discard
+from shardstream.storage.backends.s3client import PresignedGets, SyncS3Body, sync_client
+from shardstream.storage.backends.s3upload import open_s3_upload, put_if_absent
+from shardstream.storage.options import ReadOptions
+from shardstream.storage.remote.retry import client_error_code
 
-__all__ = ["S3Source"]
+__all__ = ["S3Backend", "S3Source"]
+
+
+class S3Backend(Backend):
+    """Amazon S3 and servers that speak its API (``s3://``, ``s3a://``)."""
+
+    name = "s3"
+    atomic_put = True
+    pooled_reads = True
+    sizes_from_gets = True
+
+    def read_filesystem(
+        self, url: str, storage_options: Mapping[str, Any], timeout_s: float
+    ) -> tuple[Any, str]:
+        options = dict(storage_options)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"total_max_attempts": 1})  # the Retrier owns retries
+        config.setdefault("read_timeout", timeout_s)
+        config.setdefault("connect_timeout", timeout_s)
+        options["config_kwargs"] = config
+        return self.filesystem(url, options)
+
+    def range_source(self, fs: Any, path: str, options: ReadOptions) -> S3Source:
+        connections = options.max_requests + 8  # the pool's, and callers' own GETs
+        client = sync_client(fs, options.timeout_s, connections)
+        return S3Source(fs, path, options.timeout_s, client)
+
+    @contextlib.contextmanager
+    def atomic_write(
+        self, fs: Any, path: str, shown: str, part_size_bytes: int, options: ReadOptions,
+        secrets: Sequence[str] = (),
+    ) -> Iterator[IO[bytes]]:  # fmt: skip
+        """A multipart upload of ``part_size_bytes`` parts, two uploading while the next is
+        written, each retried per ``options``; visible only when it completes (a killed
+        process leaves an invisible unfinished upload, which a bucket lifecycle rule
+        ``AbortIncompleteMultipartUpload`` frees)."""
+        upload = open_s3_upload(fs, path, shown, part_size_bytes, options, secrets)
+        if upload is None:  # a filesystem the plain client cannot mirror: s3fs's own file
+            with super().atomic_write(fs, path, shown, part_size_bytes, options) as stream:
+                yield stream
+            return
+        try:
+            yield cast(IO[bytes], upload)
+        except BaseException:
+            discard(upload, shown)
+            raise
+        upload.close()
+
+    def create_exclusive(
+        self, fs: Any, path: str, data: bytes, shown: str, options: ReadOptions
+    ) -> bool:
+        """A ``PutObject`` with ``If-None-Match: *`` (two writers never both win); a check and
+        a write on servers without conditional writes."""
+        created = put_if_absent(fs, path, data, options)
+        if created is None:
+            return super().create_exclusive(fs, path, data, shown, options)
+        self.forget_listings(fs, path)
+        return created
 
 
 async def _read_up_to(
@@ -79,8 +142,8 @@ class S3Source:
         fs: The s3fs filesystem (bucket and key parsing; the aiobotocore fallback).
         path: ``bucket/key`` (with ``?versionId=`` if any).
         timeout_s: Per-request timeout (aiobotocore path; the sync client has its own).
-        client: A botocore client from :func:`~shardstream.storage.s3sync.sync_client`, or
-            ``None`` to use aiobotocore.
+        client: A botocore client from :func:`~.s3client.sync_client`, or ``None`` to use
+            aiobotocore.
 
     Attributes:
         etag: The object's ETag once known; later GETs carry ``If-Match`` on it.

@@ -5,8 +5,8 @@ Three small pieces, composed by :func:`shardstream.storage.remote.open_remote`:
 - :class:`ChunkFetcher` pulls the object in order from a ``RangeSource`` (one long ranged GET on
   S3), retrying failures and resuming at the exact byte offset already fetched, so a break in
   the middle of a shard neither loses nor repeats a byte.
-- :class:`~shardstream.storage.readahead.ReadAhead` runs a fetcher in a daemon thread that keeps
-  at most ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
+- :class:`~.readahead.ReadAhead` runs a fetcher in a daemon thread that keeps at most
+  ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
 - :class:`RemoteStream` is the read-only file object handed to callers (``tarfile`` in stream
   mode, ``read_bytes``...); it counts the bytes it delivered.
 """
@@ -19,8 +19,8 @@ import os
 from typing import Any, Protocol
 
 from shardstream.errors import StorageError
-from shardstream.storage.buffers import recycle
-from shardstream.storage.retry import Retrier, ShortReadError
+from shardstream.storage.remote.buffers import recycle
+from shardstream.storage.remote.retry import Retrier, ShortReadError
 
 __all__ = [
     "Chunk",
@@ -38,7 +38,7 @@ logger = logging.getLogger("shardstream.storage")
 #: short: responses are read whole and connections reused, so a new request costs a round trip.
 _SKIP_BY_READING_BYTES = 2**20
 #: What sources hand out: ``bytes``, a ``bytearray`` filled in place (no extra copy), or a view
-#: of a reused receive buffer (:mod:`shardstream.storage.buffers`).
+#: of a reused receive buffer (:mod:`shardstream.storage.remote.buffers`).
 Chunk = bytes | bytearray | memoryview
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from shardstream.storage.ranged import Chunk, ChunkSource
+from shardstream.storage.remote.ranged import Chunk, ChunkSource
 
 __all__ = ["ReadAhead"]
 

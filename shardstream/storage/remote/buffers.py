@@ -1,6 +1,7 @@
 """Receive buffers reused within a process, handed out as views and taken back when unseen.
 
-Every ranged GET is read into one buffer of its length (:mod:`shardstream.storage.s3sync`).
+Every ranged GET is read into one buffer of its length
+(:mod:`shardstream.storage.backends.s3client`).
 Allocating a fresh multi-MiB buffer per GET costs more than the bytes' copy: ``bytearray(n)``
 zeroes ``n`` bytes, and memory just returned to the OS faults back in page by page (measured in
 DataLoader workers streaming from radosgw: 1.3-6.7 ms of CPU per 4.7 MB buffer, a fifth to a

@@ -6,14 +6,14 @@ each byte costs ~3 CPU s/GB on the client (measured against radosgw on 127.0.0.1
 objects in 16 MiB parts: 116-139 MB/s, against 214 MB/s for one plain boto3 ``put_object``).
 :class:`S3Upload` sends the same requests (``CreateMultipartUpload``, ``UploadPart``,
 ``CompleteMultipartUpload``, or one ``PutObject`` when the object fits in a part) on the
-synchronous client of :mod:`shardstream.storage.s3sync`, from a small thread pool, so the
+synchronous client of :mod:`shardstream.storage.backends.s3client`, from a small thread pool, so the
 caller keeps writing while up to ``max_in_flight`` parts upload.
 
-Guarantees are those of :func:`shardstream.storage.files.atomic_write`: the object becomes
+Guarantees are those of ``Store.open_atomic_write``: the object becomes
 visible only when the upload completes; :meth:`S3Upload.discard` aborts it; memory is bounded
 by ``(max_in_flight + 1)`` parts whatever the object's size. Every request is retried like a
-read (:class:`~shardstream.storage.retry.Retrier`: transient errors with backoff, fatal ones at
-once with the URL named); parts are idempotent (a retried part replaces itself).
+read (:class:`~shardstream.storage.remote.retry.Retrier`: transient errors with backoff, fatal
+ones at once with the URL named); parts are idempotent (a retried part replaces itself).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from shardstream.storage.options import ReadOptions
-from shardstream.storage.retry import Retrier, client_error_code
+from shardstream.storage.remote.retry import Retrier, client_error_code
 
 __all__ = ["S3Upload", "open_s3_upload", "put_if_absent"]
 
@@ -37,7 +37,7 @@ class S3Upload:
     """A write-only binary file that becomes the S3 object ``bucket/key`` on :meth:`close`.
 
     Args:
-        client: A botocore S3 client (:func:`~shardstream.storage.s3sync.sync_client`).
+        client: A botocore S3 client (:func:`~shardstream.storage.backends.s3client.sync_client`).
         bucket: The bucket.
         key: The object's key.
         shown: The URL as shown in messages (no secrets).
@@ -236,10 +236,7 @@ def open_s3_upload(
 ) -> S3Upload | None:
     """An :class:`S3Upload` of ``path`` on ``fs`` (an s3fs filesystem), or ``None`` where the
     plain client cannot send what ``fs`` would (then s3fs's own file is used)."""
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if not protocols & {"s3", "s3a"}:
-        return None
-    from shardstream.storage.s3sync import sync_client
+    from shardstream.storage.backends.s3client import sync_client
 
     client = sync_client(fs, options.timeout_s, 2 * DEFAULT_IN_FLIGHT + 8)
     if client is None:
@@ -259,7 +256,7 @@ def put_if_absent(fs: Any, path: str, data: bytes, options: ReadOptions) -> bool
     None where it cannot be asked this way (no plain client for ``fs``) or the server does not
     support conditional writes (``NotImplemented``): the caller then checks and writes itself.
     """
-    from shardstream.storage.s3sync import sync_client
+    from shardstream.storage.backends.s3client import sync_client
 
     client = sync_client(fs, options.timeout_s, 2 * DEFAULT_IN_FLIGHT + 8)
     if client is None:

@@ -75,7 +75,7 @@ class LatencyGauge:
 
 
 class TimedSource:
-    """A :class:`~shardstream.storage.ranged.RangeSource` that times its ``open_body`` calls
+    """A :class:`~shardstream.storage.remote.ranged.RangeSource` that times its ``open_body`` calls
     (a GET returns its body once the response's head, the first byte, has arrived)."""
 
     def __init__(self, source: Any) -> None:
