@@ -254,6 +254,7 @@ class Store:
 
     def makedirs(self, name: str = "") -> None:
         """Create a folder and its parents (a no-op on object stores)."""
+        self.backend(name).check_writable(self.shown(name))
         fs, path = self._path(name)
         self.backend(name).make_folder(fs, path, self.shown(name))
 
@@ -297,11 +298,13 @@ class Store:
         Local files are renamed; on object stores the bytes never leave the server (a
         server-side copy, then a delete). See the backend's ``move``.
         """
+        self.backend(source).check_writable(self.shown(source))
         fs, source_path = self._path(source)
         self.backend(source).move(fs, source_path, (into or self)._path(target)[1])
 
     def remove(self, name: str, missing_ok: bool = True) -> None:
         """Delete one file or object."""
+        self.backend(name).check_writable(self.shown(name))
         fs, path = self._path(name)
         try:
             fs.rm_file(path)
@@ -311,6 +314,7 @@ class Store:
 
     def remove_folder(self, name: str = "") -> None:
         """Delete a folder (or every object under a prefix) and all it holds; missing is fine."""
+        self.backend(name).check_writable(self.shown(name))
         self.backend(name).remove_folder(*self._path(name))
 
 

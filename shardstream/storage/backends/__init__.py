@@ -23,6 +23,8 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "local": ("local", "LocalBackend"),
     "s3": ("s3", "S3Backend"),
     "s3a": ("s3", "S3Backend"),
+    "http": ("http", "HttpBackend"),
+    "https": ("http", "HttpBackend"),
 }
 
 _made: dict[str, Backend] = {}

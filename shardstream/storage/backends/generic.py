@@ -162,7 +162,7 @@ class Backend:
         completes, and the upload is aborted if the block raises. Other filesystems get a
         temporary name and a move.
         """
-        self._check_writable(shown)
+        self.check_writable(shown)
         if self.atomic_put:
             target = fs.open(path, "wb", block_size=part_size_bytes)
             with _discarded_on_error(target, shown):
@@ -186,14 +186,15 @@ class Backend:
         Here: a check, then an atomic write (two writers racing in between may both write;
         callers compare the bytes afterwards). Stores with conditional writes override this.
         """
-        self._check_writable(shown)
+        self.check_writable(shown)
         if fs.exists(path):
             return False
         with self.atomic_write(fs, path, shown, max(1, len(data)), options) as stream:
             stream.write(data)
         return True
 
-    def _check_writable(self, shown: str) -> None:
+    def check_writable(self, shown: str) -> None:
+        """Raise a clear ``ConfigError`` when this store cannot be written to."""
         if not self.writable:
             from shardstream.errors import ConfigError
 

@@ -21,6 +21,7 @@ from shardstream.storage.redact import redact_text
 __all__ = [
     "Retrier",
     "ShortReadError",
+    "StatusError",
     "client_error_code",
     "fatal_error",
     "is_retryable",
@@ -80,7 +81,27 @@ class ShortReadError(OSError):
     """A response body ended before the bytes its headers promised (retryable)."""
 
 
+class StatusError(OSError):
+    """An HTTP answer that is not what was asked for (backends without botocore raise it).
+
+    Classified by its status like S3's errors: 5xx, 429 and 408 are retried, 404 is a missing
+    object, 401 and 403 a denial, 412 an object changed while read, anything else fatal.
+
+    Args:
+        status: The HTTP status.
+        code: The store's error code, if it sent one.
+        message: What the store said (or what was wrong with the answer).
+    """
+
+    def __init__(self, status: int, code: str = "", message: str = "") -> None:
+        super().__init__(f"HTTP {status}{' ' + code if code else ''}: {message}".rstrip(": "))
+        self.status, self.code = status, code
+
+
 def client_error_code(exc: BaseException) -> tuple[str, int]:
+    """``(error code, HTTP status)`` of a botocore ``ClientError`` or a :class:`StatusError`."""
+    if isinstance(exc, StatusError):
+        return exc.code or str(exc.status), exc.status
     response = getattr(exc, "response", None) or {}
     code = str(response.get("Error", {}).get("Code", ""))
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -88,6 +109,8 @@ def client_error_code(exc: BaseException) -> tuple[str, int]:
 
 
 def _is_client_error(exc: BaseException) -> bool:
+    if isinstance(exc, StatusError):
+        return True
     return _boto is not None and isinstance(exc, _boto.ClientError)
 
 
@@ -95,7 +118,7 @@ def is_retryable(exc: BaseException) -> bool:
     """True when another try of the same request may succeed."""
     if _is_client_error(exc):
         code, status = client_error_code(exc)
-        return code in _RETRYABLE_CODES or status >= 500 or status == 429
+        return code in _RETRYABLE_CODES or status >= 500 or status in (408, 429)
     if isinstance(exc, _FATAL_OS_ERRORS):
         return False
     if isinstance(exc, (OSError, asyncio.TimeoutError, TimeoutError)):
@@ -124,7 +147,7 @@ def fatal_error(
             f"{url}: {action} failed: the object does not exist ({cause}). "
             "Check the bucket, prefix and name."
         )
-    if isinstance(exc, PermissionError) or code in _DENIED_CODES or status == 403:
+    if isinstance(exc, PermissionError) or code in _DENIED_CODES or status in (401, 403):
         return PermissionError(
             f"{url}: {action} failed: access denied ({cause}). Check the credentials "
             "(environment, AWS config or storage_options) and the bucket policy."
