@@ -25,6 +25,11 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "s3a": ("s3", "S3Backend"),
     "http": ("http", "HttpBackend"),
     "https": ("http", "HttpBackend"),
+    "gs": ("gcs", "GcsBackend"),
+    "gcs": ("gcs", "GcsBackend"),
+    "az": ("azure", "AzureBackend"),
+    "abfs": ("azure", "AzureBackend"),
+    "abfss": ("azure", "AzureBackend"),
 }
 
 _made: dict[str, Backend] = {}

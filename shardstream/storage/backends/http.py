@@ -74,9 +74,22 @@ class HttpSource:
         self.version: str | None = None
         self.total_size: int | None = None
 
+    def _url(self) -> str:
+        """The URL each GET asks (a store may pin the version it found in it)."""
+        return self.url
+
+    def _headers(self) -> dict[str, str]:
+        """The headers each request carries (a store may add fresh credentials)."""
+        return dict(self.client.headers)
+
+    def _conditions(self, headers: dict[str, str]) -> None:
+        """Make a GET conditional on the version found first (``If-Range`` here)."""
+        if self.version is not None and not self.version.startswith("W/"):
+            headers["If-Range"] = self.version  # (a weak ETag never matches If-Range)
+
     def stat(self) -> tuple[int, str | None]:
         """The object's size and version (a HEAD request)."""
-        response, _ = self.client.pool.request("HEAD", self.url, self.client.headers)
+        response, _ = self.client.pool.request("HEAD", self._url(), self._headers())
         try:
             self._check_version(response)
             length = response.getheader("Content-Length")
@@ -91,11 +104,10 @@ class HttpSource:
 
     def open_body(self, offset: int, end: int) -> HttpBody | _EmptyBody:
         """Start a GET of bytes ``[offset, end)``; learn the size and version from its answer."""
-        headers = {**self.client.headers, "Range": f"bytes={offset}-{end - 1}"}
-        if self.version is not None and not self.version.startswith("W/"):
-            headers["If-Range"] = self.version  # (a weak ETag never matches If-Range)
+        headers = {**self._headers(), "Range": f"bytes={offset}-{end - 1}"}
+        self._conditions(headers)
         try:
-            response, _ = self.client.pool.request("GET", self.url, headers)
+            response, _ = self.client.pool.request("GET", self._url(), headers)
         except StatusError as error:
             if error.status != 416:
                 raise
@@ -130,6 +142,7 @@ class HttpSource:
         )  # fmt: skip
 
     def _check_version(self, response: http.client.HTTPResponse) -> None:
+        """Learn the version from the first answer; refuse an answer of another one."""
         found = response.getheader("ETag") or response.getheader("Last-Modified")
         if found is None:
             return
