@@ -90,9 +90,9 @@ class AzureSource:
         from fsspec.asyn import sync
 
         try:
+            download = self._download(offset, end - offset)
             data, etag, size = _translated(
-                lambda: sync(self.fs.loop, self._download, offset, end - offset,
-                             timeout=self.timeout_s)  # fmt: skip
+                lambda: sync(self.fs.loop, lambda: download, timeout=self.timeout_s)
             )
         except StatusError as error:
             if error.status != 416:
