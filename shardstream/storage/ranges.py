@@ -69,13 +69,13 @@ class Ranges:
         """A read-only stream of bytes ``[start, end)`` of ``name``, closed (or kept for later
         ranges, locally) after the block. An announced range is taken over as it is under way.
         """
-        stream = self.open(name, start, end)
+        stream = self.open_range(name, start, end)
         try:
             yield stream
         finally:
             stream.close()
 
-    def open(self, name: str, start: int = 0, end: int | None = None) -> IO[bytes]:
+    def open_range(self, name: str, start: int = 0, end: int | None = None) -> IO[bytes]:
         """``Store.open_read``, with a missing file named as a missing shard."""
         try:
             return self.store.open_read(name, start, end)

@@ -200,7 +200,7 @@ class LocalRanges(Ranges):
         """An idle handle of ``name`` (a new one if none) and its length (-1: not asked)."""
         slots = self._by_name.get(name)
         if not slots:
-            return self.open(name), -1
+            return self.open_range(name), -1
         slot = slots.pop()
         if not slots:
             del self._by_name[name]
