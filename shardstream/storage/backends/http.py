@@ -5,10 +5,11 @@ server, a CDN in front of a bucket. :class:`HttpBackend` reads them as S3 is rea
 (:class:`HttpSource`, on the pooled client of :mod:`.httpclient`), several in flight as the
 measured first-byte latency asks, announced ranges fetched ahead, retries that resume at the
 byte reached. The first answer's ``ETag`` (or ``Last-Modified``) is the object's version: later
-GETs carry ``If-Range`` on it, and an answer of another version (or a whole body instead of a
-range) fails with "changed while it was being read", so a rewritten object is never mixed
-with the old one. Listing and existence go through fsspec's HTTP filesystem. Writing is a
-clear error.
+GETs carry ``If-Range`` on it, and an answer of another version (a whole new body where a
+range was asked) fails with "changed while it was being read", so a rewritten object is never
+mixed with the old one. A server that ignores ``Range`` still works (its whole answers are read
+from the wanted byte on), slowly, with one warning. Listing and existence go through fsspec's
+HTTP filesystem. Writing is a clear error.
 
 Storage options: ``headers`` (a dict sent with every request, e.g. ``{"Authorization":
 "Bearer ..."}``), as fsspec's HTTP filesystem takes them.
@@ -17,6 +18,7 @@ Storage options: ``headers`` (a dict sent with every request, e.g. ``{"Authoriza
 from __future__ import annotations
 
 import http.client
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +28,8 @@ from shardstream.storage.options import ReadOptions
 from shardstream.storage.remote.retry import StatusError
 
 __all__ = ["HttpBackend", "HttpClient", "HttpSource"]
+
+logger = logging.getLogger("shardstream.storage")
 
 
 class HttpBackend(Backend):
@@ -115,14 +119,16 @@ class HttpSource:
             return _EmptyBody()
         body = HttpBody(self.client.pool, response)
         try:
-            self._check_version(response)
-            self.total_size = self._total_size(response, offset, "If-Range" in headers)
+            self._check_version(response)  # another version (If-Range refused) raises here
+            self.total_size = self._total_size(response, offset)
+            if response.status == 200 and offset:
+                _skip(response, offset)
         except BaseException:
             body.close()
             raise
         return body
 
-    def _total_size(self, response: http.client.HTTPResponse, offset: int, guarded: bool) -> int:
+    def _total_size(self, response: http.client.HTTPResponse, offset: int) -> int:
         if response.status == 206:
             found = response.getheader("Content-Range") or ""
             first, _, total = found.removeprefix("bytes ").partition("/")
@@ -131,15 +137,20 @@ class HttpSource:
             if total.isdigit():
                 return int(total)
             return offset + int(response.getheader("Content-Length") or 0)
-        if guarded:  # If-Range did not match: the server sent the new object whole
-            raise StatusError(412, "PreconditionFailed", "the object's version changed")
-        if offset == 0:  # no range support, but the body starts where we want it
-            return int(response.getheader("Content-Length") or 0)
-        raise StatusError(
-            501, "RangeNotSupported",
-            "the server ignores Range requests; serve the shards from a server that answers "
-            "them (most do: nginx, Apache, object stores, CDNs)",
-        )  # fmt: skip
+        length = response.getheader("Content-Length")
+        if length is None or not length.isdigit():
+            raise StatusError(
+                501, "RangeNotSupported",
+                "the server ignores Range requests and does not say the object's size; serve "
+                "the shards from a server that answers them (nginx, Apache, object stores, CDNs)",
+            )  # fmt: skip
+        if offset and not _warned:
+            _warned.append(True)
+            logger.warning(
+                "%s: the server ignores Range requests: every read starts at byte 0 (slow); "
+                "serve the shards from a server that answers them", self.url,
+            )  # fmt: skip
+        return int(length)  # the whole object, same version: the server ignores Range
 
     def _check_version(self, response: http.client.HTTPResponse) -> None:
         """Learn the version from the first answer; refuse an answer of another one."""
@@ -152,6 +163,18 @@ class HttpSource:
             raise StatusError(
                 412, "PreconditionFailed", f"its version was {self.version}, now {found}"
             )
+
+
+_warned: list[bool] = []
+
+
+def _skip(response: http.client.HTTPResponse, count: int) -> None:
+    """Read and drop the first ``count`` bytes of a whole-object answer."""
+    while count > 0:
+        dropped = len(response.read(min(count, 1 << 20)))
+        if not dropped:
+            raise StatusError(502, "ShortBody", f"the body ended {count} bytes before the range")
+        count -= dropped
 
 
 def _origin(response: http.client.HTTPResponse) -> tuple[str, str, int]:
