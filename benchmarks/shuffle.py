@@ -26,6 +26,7 @@ Usage: python benchmarks/shuffle.py [--classes 200] [--per-class 1000] [--seeds 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import warnings
@@ -141,6 +142,20 @@ def computed_rows(data: tuple[np.ndarray, ...], seed: int) -> list[PeerRun]:
             PeerRun("no shuffle", chop(in_order), 0.0, 0.0)]  # fmt: skip
 
 
+def remote_order(dest: Path) -> dict[str, int]:
+    """The order's numbers shardstream picks for these shards on an object store, as options:
+    the same epoch order, read from disk (what a remote read adds is measured in
+    benchmarks/stores.py)."""
+    from shardstream.catalog import resolve_source
+    from shardstream.streaming.planning.order import choose_order
+
+    facts = resolve_source(str(dest))[1].facts()
+    remote = dataclasses.replace(facts, local=False)
+    choice = choose_order(remote, batch_size=BATCH)
+    return {"chunk_size": choice.chunk_size, "num_open": choice.num_open,
+            "piece_size": choice.piece_size, "block_size": choice.block_size}  # fmt: skip
+
+
 def shardstream_rows(root: Path, data: tuple[np.ndarray, ...], per_shard: int, seed: int):  # type: ignore[no-untyped-def]
     """``(name, run)`` of every shardstream row; ``run()`` reads one epoch."""
     from shardstream.streaming import Stream
@@ -163,6 +178,9 @@ def shardstream_rows(root: Path, data: tuple[np.ndarray, ...], per_shard: int, s
         ("shardstream tuned (num_open=2048, piece_size=4)", dest,
          {"num_open": 2048, "piece_size": 4}),
         ("shardstream, whole shards (0.2's order)", dest, WHOLE_SHARDS),
+        ("shardstream, remote order (read from disk)", dest, remote_order(dest)),
+        ("shardstream, remote order, 4 ranks x 2 workers", dest,
+         {**remote_order(dest), "world": 4}),
     ]  # fmt: skip
     for name, source, options in rows:
         yield name, lambda n=name, s=source, o=options: run_shardstream(n, s, seed, **dict(o))

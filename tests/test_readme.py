@@ -31,6 +31,7 @@ MARKER = re.compile(r"<!-- readme-test: not run \((?P<reason>[\w-]+)\) -->")
 REASONS = {
     "installs": r"pip install",  # the set-up commands, which CI runs in a fresh venv (.ci/run)
     "s3": r"s3://",
+    "remote": r"https://example\.org",  # a placeholder host; tests/stores reads real servers
     "torchrun": r"init_process_group",
     "lightning": r"LightningModule|self\.log_dict",  # examples/05_lightning.py trains for real
     "accelerate": r"Accelerator\(\)",  # tests/streaming/test_accelerate.py runs it

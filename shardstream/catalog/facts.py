@@ -20,8 +20,10 @@ class DatasetFacts:
         indexed: Every shard has a per-sample byte index (pieces can start anywhere).
         local: Every shard is on a local file system (no request per read).
         mean_sample_bytes: Average bytes per sample (shard bytes / samples), 0 if unknown.
+        mean_shard_bytes: Average bytes per shard, 0 if unknown.
     """
 
     indexed: bool
     local: bool
     mean_sample_bytes: float
+    mean_shard_bytes: float = 0.0

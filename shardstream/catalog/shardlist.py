@@ -144,7 +144,9 @@ class ShardList:
         samples = sum(table.total_samples for table in counted)
         num_bytes = sum(table.total_bytes for table in counted)
         local = all(source.shards.is_local for source in self.sources)
-        return DatasetFacts(indexed, local, num_bytes / samples if samples else 0.0)
+        shards = sum(len(table) for table in counted)
+        return DatasetFacts(indexed, local, num_bytes / samples if samples else 0.0,
+                            num_bytes / shards if shards else 0.0)  # fmt: skip
 
     def names(self, source: int = 0) -> list[str]:
         """The shard names of one source, in order (relative to its ``shards`` store)."""

@@ -143,8 +143,9 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
         type=parse_storage_option,
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec option for remote URLs, repeatable; VALUE is parsed as JSON when it "
-        "parses, e.g. endpoint_url=http://127.0.0.1:9000 anon=false",
+        help="fsspec option for remote URLs (s3://, gs://, az:// or abfs://, https:// (read "
+        "only), any fsspec URL), repeatable; VALUE is parsed as JSON when it parses, e.g. "
+        "endpoint_url=http://127.0.0.1:9000 anon=false",
     )
 
 

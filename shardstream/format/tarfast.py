@@ -1,31 +1,23 @@
-"""Reading one indexed sample fast: one read (or one memory map) of its bytes, then a tight parse.
+"""Reading one indexed sample fast: its bytes parsed in one tight loop, the full reader otherwise.
 
-:func:`shardstream.streaming.worker.pieces.read_piece` calls this for each sample of a shard with a
-byte-offset index and falls back to :class:`~shardstream.format.tarreader.TarReader` whenever it
-returns None, so every problem is still reported by the full reader. Torch-free.
-
-Local shards are read through :class:`SampleMap`: copy-on-write memory maps of windows of whole
-samples. Members are then views of the page cache itself: nothing is copied or zeroed when a
-sample is read, and a shuffle buffer of mapped samples holds no private memory (a DataLoader
-worker copies a member once, into its shared-memory batch). As with any memory-mapped reader
-(Hugging Face ``datasets``, LMDB), a shard file truncated in place while it is mapped makes the
-next access of its missing pages fail with SIGBUS: replace shards by renaming (as the writer
-does, and ``rsync``), or pass ``StreamOptions(memory_map=False)``.
+:func:`shardstream.streaming.worker.pieces.open_piece` calls :func:`parse_plain_sample` for each
+sample of a shard with a byte-offset index (on bytes storage hands over: a slice of a memory
+map, or one read) and falls back to :func:`read_full_sample`, which reads the sample with
+:class:`~shardstream.format.tarreader.TarReader`, whenever it returns None, so every problem is
+still reported by the full reader. Member data are views of the bytes handed over: nothing is
+copied per member. Torch-free.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Sequence
 from typing import IO, Any, cast
 
 import numpy as np
 
 from shardstream.errors import ShardFormatError
-from shardstream.format.filemaps import map_range
 from shardstream.format.keys import split_key
-from shardstream.format.samples import MAX_MEMBERS_PER_SAMPLE
+from shardstream.format.samples import MAX_MEMBERS_PER_SAMPLE, iter_samples
 from shardstream.format.tarheader import (
     BLOCK,
     FILE_TYPES,
@@ -36,79 +28,9 @@ from shardstream.format.tarheader import (
     parse_pax,
     usual_header,
 )
-from shardstream.format.tarreader import Sample
+from shardstream.format.tarreader import Sample, TarReader
 
-__all__ = [
-    "MAP_WINDOW_BYTES",
-    "SampleMap",
-    "map_range",
-    "parse_plain_sample",
-    "read_plain_sample",
-]
-
-#: Most bytes of a shard mapped at once. A mapping stays until every sample in it is released,
-#: so this bounds the shard bytes that one held sample keeps mapped (about 14 JPEGs of 70 KB).
-MAP_WINDOW_BYTES = 1 << 20
-
-
-class SampleMap:
-    """Samples of one local shard file as views of copy-on-write memory maps.
-
-    Each mapping covers a window of whole consecutive samples (at most ``window`` bytes, or one
-    larger sample) and is unmapped when the last view into it is released. Views are writable
-    (copy-on-write: writing changes this process's page, never the file), so ``torch.frombuffer``
-    wraps them without a copy or a warning.
-
-    Args:
-        stream: An open local file of the shard.
-        offsets: The shard's index: where each sample starts, then where the last one ends.
-        stop: One past the last sample that will be asked for.
-        window: Most bytes mapped at once.
-
-    Example:
-        >>> with open("shard-000000.tar", "rb") as stream:  # doctest: +SKIP
-        ...     view = SampleMap(stream, offsets, 8).view(3)  # bytes of sample 3, or None
-    """
-
-    def __init__(
-        self, stream: IO[bytes], offsets: Sequence[int], stop: int, window: int = MAP_WINDOW_BYTES
-    ) -> None:
-        self._offsets, self._stop, self._window = offsets, stop, window
-        self._view: memoryview | None = None
-        self._base = self._end = 0
-        try:
-            self._fileno = stream.fileno()
-            # Mapping bytes past the end of the file would fault: a shorter file is read (and
-            # reported) by the caller instead.
-            self.usable = os.fstat(self._fileno).st_size >= offsets[stop]
-        except (OSError, ValueError):  # no file descriptor (io.UnsupportedOperation is both)
-            self.usable = False
-
-    def view(self, ordinal: int) -> memoryview | None:
-        """The bytes of sample ``ordinal``, or None when they cannot be mapped (read them)."""
-        here, after = self._offsets[ordinal], self._offsets[ordinal + 1]
-        view = self._view
-        if view is None or here < self._base or after > self._end:
-            if not self.usable or after <= here:
-                return None
-            view = self._map(ordinal)
-            if view is None:
-                return None
-        return view[here - self._base : after - self._base]
-
-    def _map(self, ordinal: int) -> memoryview | None:
-        offsets = self._offsets
-        base = offsets[ordinal] - offsets[ordinal] % mmap.ALLOCATIONGRANULARITY
-        last = ordinal + 1
-        while last < self._stop and offsets[last + 1] - base <= self._window:
-            last += 1
-        view = map_range(self._fileno, base, offsets[last])
-        if view is None:  # out of maps or descriptors: read from now on
-            self.usable, self._view = False, None
-            return None
-        self._view, self._base, self._end = view, base, offsets[last]
-        return self._view
-
+__all__ = ["index_mismatch", "parse_plain_sample", "read_full_sample", "read_plain_sample"]
 
 def read_plain_sample(
     stream: IO[bytes], url: str, begin: int, end: int, max_member_bytes: int
@@ -186,3 +108,42 @@ def parse_plain_sample(view: memoryview, url: str, begin: int) -> Sample | None:
         else:
             return None
     return sample
+
+
+def read_full_sample(
+    stream: IO[bytes], url: str, ordinal: int, offsets: Sequence[int], limit: int, previous: str
+) -> Sample:
+    """Sample ``ordinal`` read with the full reader, which handles or reports what it holds.
+
+    Args:
+        stream: The shard (any position; seekable over the sample's bytes).
+        url: The shard's URL, for samples and messages.
+        ordinal: The sample's number in the shard.
+        offsets: The shard's index (sample starts, then the end of the last).
+        limit: Largest member read into memory.
+        previous: The key of the sample before it, which errors name.
+
+    Raises:
+        ShardFormatError: The bytes the index gives are not exactly one sample, or are broken.
+    """
+    here, after = offsets[ordinal], offsets[ordinal + 1]
+    stream.seek(here)
+    reader = TarReader(stream, url, True, here, after, None, limit)
+    reader.last_key = previous
+    found = list(iter_samples(reader))
+    if len(found) != 1 or found[0][1] != here:
+        raise index_mismatch(url, ordinal, offsets, found)
+    return found[0][0]
+
+
+def index_mismatch(
+    url: str, ordinal: int, offsets: Sequence[int], found: list[tuple[Sample, int]]
+) -> ShardFormatError:
+    """The error for an index whose sample ``ordinal`` is not the ``found`` samples' bytes."""
+    where = f"bytes {offsets[ordinal]}..{offsets[ordinal + 1]}"
+    seen = ", ".join(f"{sample['__key__']!r} at byte {offset}" for sample, offset in found[:3])
+    return ShardFormatError(
+        f"{url}: its index says sample {ordinal} is {where}, but they hold "
+        f"{len(found)} sample(s) ({seen or 'none'}); the shard or its index changed after the "
+        "build. Rebuild it or run `shardstream verify`."
+    )

@@ -1,19 +1,23 @@
-"""The storage layer: the only part of shardstream that talks to fsspec and botocore.
+"""The storage layer: the only part of shardstream that talks to files and object stores.
 
-A :class:`Store` is a folder on local disk or any fsspec URL prefix, resolved once; the writer
-and the reader name files relative to it. Behind it, each file does one job:
+A :class:`Store` is a folder on local disk or a URL prefix on any store, resolved once; the
+writer and the reader name files relative to it and ask it the few questions storage answers:
+stat, the bytes of a range (alone, or many announced ahead), listing, exclusive create and
+atomic publish. Its parts:
 
+- ``store.py``: :class:`Store`, the API the rest of shardstream uses;
+- ``ranges.py``: :class:`~shardstream.storage.ranges.Ranges`, a reader's byte ranges of one
+  store (what a streaming worker asks for: buffers, streams, announcements);
+- ``backends/``: one file per kind of store (local files, S3, any other fsspec filesystem) and
+  the one switch that picks a backend from a URL's protocol (``backends/__init__.py``);
+- ``remote/``: the machinery of remote reads: ranged requests retried and resumed at the byte
+  reached, spans fetched by a shared pool whose size follows the measured first-byte latency,
+  announced ranges fetched ahead, reused receive buffers, several small objects at once, and
+  the local shard cache;
 - ``options.py``: :class:`ReadOptions` (retries, read-ahead, cache) and upload part sizes;
-- ``files.py``: listing, moves, folder removal and atomic writes on a resolved filesystem;
-- ``remote.py``: ranged reads of remote objects (aiobotocore directly on S3);
-- ``ranged.py``: the seekable stream over ranged reads, with resume at the byte offset;
-- ``readahead.py``: background prefetch of the next chunks;
-- ``retry.py``: retries with backoff and the classification of storage errors;
-- ``cache.py``: the local shard cache shared by DataLoader workers;
-- ``limits.py``: how many files a process may keep open;
-- ``lock.py``: one writer per local destination (an ``flock`` a killed run cannot leave stale);
 - ``patterns.py``: shard URLs as written: globs expanded, list entries resolved, missing files;
-- ``redact.py``: keeping credentials out of every message.
+- ``limits.py``, ``lock.py``, ``redact.py``, ``diagnose.py``: open-file budgets, one writer per
+  local destination, keeping credentials out of messages, one-line failure diagnoses.
 """
 
 from __future__ import annotations

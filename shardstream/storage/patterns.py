@@ -12,7 +12,7 @@ import os
 import posixpath
 from collections.abc import Sequence
 
-from shardstream.storage.files import is_local_fs
+from shardstream.storage.backends import backend_for
 from shardstream.storage.options import StorageOptions
 
 __all__ = ["expand_glob", "has_glob", "missing_local_files", "resolve_entry"]
@@ -45,12 +45,11 @@ def expand_glob(pattern: str, storage_options: StorageOptions = None) -> list[st
         >>> expand_glob("shards/train-*.tar")  # doctest: +SKIP
         ['/data/shards/train-000000.tar', '/data/shards/train-000001.tar']
     """
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(pattern, **dict(storage_options or {}))
+    backend = backend_for(pattern)
+    fs, path = backend.filesystem(pattern, dict(storage_options or {}))
     found = fs.glob(path, detail=True)
     names = sorted(name for name, info in found.items() if info.get("type") == "file")
-    if is_local_fs(fs):
+    if backend.local:
         return names
     return [fs.unstrip_protocol(name) for name in names]
 

@@ -19,7 +19,9 @@ REDACTED = "***"
 
 #: Option names (any nesting level, case-insensitive, substring match) whose values are secret.
 _SECRET_NAME = re.compile(
-    r"(key|secret|token|password|passwd|credential|signature|sas|auth|session)", re.IGNORECASE
+    r"(key|secret|token|password|passwd|credential|signature|sas|auth|session"
+    r"|connection_string)",
+    re.IGNORECASE,
 )
 #: Option names that contain a secret-looking word but are safe and useful in messages.
 _SAFE_NAMES = frozenset({"endpoint_url", "region_name", "anon", "use_ssl", "requester_pays"})

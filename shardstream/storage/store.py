@@ -8,16 +8,15 @@ pickles to DataLoader workers or tasks (as its URL and options) and reopens ther
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
-from shardstream.storage import files
-from shardstream.storage.bounded import BoundedFile
-from shardstream.storage.limits import too_many_open_files
+from shardstream.storage.backends import Backend, backend_for
+from shardstream.storage.backends.localmaps import DEFAULT_MAP_CACHE_BYTES
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
+from shardstream.storage.ranges import Ranges
 from shardstream.storage.redact import redact_url, secret_values
 
 __all__ = ["Store", "as_store", "is_local_url"]
@@ -100,6 +99,10 @@ class Store:
         """True for local folders (plain paths and ``file://`` URLs)."""
         return is_local_url(self.root)
 
+    def backend(self, name: str = "") -> Backend:
+        """The backend of the store (of ``name``, when it is a full URL or the root is empty)."""
+        return backend_for(self.root if self.root and "://" not in name else self.url(name))
+
     @property
     def secrets(self) -> list[str]:
         """Secret values in the storage options, to scrub from messages."""
@@ -128,27 +131,38 @@ class Store:
     def _fs(self) -> tuple[Any, str]:
         """``(filesystem, root path)``, resolved once per process (forked workers re-resolve)."""
         if self._resolved is None or self._resolved[0] != os.getpid():
-            import fsspec
-
-            fs, path = fsspec.core.url_to_fs(self.root or ".", **self.storage_options)
+            fs, path = self.backend().filesystem(self.root or ".", self.storage_options)
             self._resolved = (os.getpid(), fs, path)
         return self._resolved[1], self._resolved[2]
 
     def _path(self, name: str = "") -> tuple[Any, str]:
         fs, root = self._fs()
         if "://" in name:
-            import fsspec
-
-            return fsspec.core.url_to_fs(name, **self.storage_options)
+            return self.backend(name).filesystem(name, self.storage_options)
         if not name:
             return fs, root
-        if files.is_local_fs(fs):
+        if self.backend().local:
             return fs, os.path.join(root, name)
         return fs, root.rstrip("/") + "/" + name
 
-    def _local_path(self, name: str) -> str:
+    def local_path(self, name: str) -> str:
+        """The path of ``name`` in a local store (``file://`` removed)."""
         url = self.url(name)
         return url[len("file://") :] if url.startswith("file://") else url
+
+    def read_target(self, name: str) -> tuple[Any, str]:
+        """``(filesystem, path)`` of ``name`` for ranged reads (the backend's reading client:
+        on S3 its own retries are off, ours are the only ones)."""
+        timeout_s = self.read_options.timeout_s
+        if not self.root or "://" in name:
+            return self.backend(name).read_filesystem(
+                self.url(name), self.storage_options, timeout_s
+            )
+        if self._resolved_for_reading is None or self._resolved_for_reading[0] != os.getpid():
+            fs, root = self.backend().read_filesystem(self.root, self.storage_options, timeout_s)
+            self._resolved_for_reading = (os.getpid(), fs, root)
+        fs, root = self._resolved_for_reading[1], self._resolved_for_reading[2]
+        return fs, root.rstrip("/") + "/" + name if name else root
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -172,20 +186,7 @@ class Store:
             >>> with store.open_read("shard-000000.tar", 1024) as f:  # doctest: +SKIP
             ...     header = f.read(512)
         """
-        if is_local_url(self.url(name)):
-            try:
-                stream = open(self._local_path(name), "rb")  # noqa: SIM115 - returned
-            except OSError as error:
-                raise too_many_open_files(error, self.shown(name)) from error
-            if start:
-                stream.seek(start)
-            return cast(IO[bytes], stream if end is None else BoundedFile(stream, end))
-        from shardstream.storage import remote  # s3fs/aiohttp are imported only when needed
-
-        fs, path = self._read_fs(name)
-        return remote.open_remote(
-            fs, path, self.shown(name), self.secrets, self.read_options, start, end
-        )
+        return self.backend(name).open_read(self, name, start, end)
 
     def prefetch(self, ranges: Sequence[tuple[str, int, int]], group: Hashable) -> None:
         """Announce byte ranges ``(name, start, end)`` to be opened soon, soonest first.
@@ -193,33 +194,27 @@ class Store:
         On object stores they are fetched in the background (at most
         ``read_options.prefetch_bytes`` ahead) and :meth:`open_read` of the same range takes
         over the stream under way; ``group`` replaces its earlier announcements (drop them
-        with :func:`shardstream.storage.hints.forget`). A no-op for local folders.
+        with :func:`shardstream.storage.remote.hints.forget`). A no-op for local folders.
         """
-        if self.is_local or not ranges:
-            return
-        from shardstream.storage import remote
+        if ranges:
+            self.backend(ranges[0][0]).prefetch(self, ranges, group)
 
-        items, fs = [], None
-        for name, start, end in ranges:
-            fs, path = self._read_fs(name)
-            items.append((path, self.shown(name), start, end))
-        remote.prefetch_remote(fs, items, self.secrets, self.read_options, group)
+    def ranges(
+        self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES
+    ) -> Ranges:
+        """A reader's byte ranges of this store's files (see :mod:`shardstream.storage.ranges`):
+        what a streaming worker asks for, one per pass. Close it when the pass ends.
 
-    def _read_fs(self, name: str) -> tuple[Any, str]:
-        """The filesystem for reading: on S3 its own retries are off (ours are the only ones)."""
-        from shardstream.storage import remote
+        Args:
+            max_idle: Local files: idle handles kept open between ranges.
+            max_map_bytes: Local files: bytes kept mapped whole until closed.
 
-        if self._resolved_for_reading is None or self._resolved_for_reading[0] != os.getpid():
-            fs, root = remote.read_filesystem(
-                self.root or self.url(name), self.storage_options, self.read_options.timeout_s
-            )
-            self._resolved_for_reading = (os.getpid(), fs, root)
-        fs, root = self._resolved_for_reading[1], self._resolved_for_reading[2]
-        if not self.root or "://" in name:
-            return remote.read_filesystem(
-                self.url(name), self.storage_options, self.read_options.timeout_s
-            )
-        return fs, root.rstrip("/") + "/" + name if name else root
+        Example:
+            >>> ranges = Store("shards/train").ranges()  # doctest: +SKIP
+            >>> view = ranges.view("shard-000000.tar", 0, 512)  # doctest: +SKIP
+            >>> ranges.close()  # doctest: +SKIP
+        """
+        return cast(Ranges, self.backend().ranges(self, max_idle, max_map_bytes))
 
     def read_bytes(self, name: str) -> bytes:
         """Read a whole (small) object, such as an index, with the same retries as shards."""
@@ -233,39 +228,35 @@ class Store:
         same pages (a large manifest costs a node one copy, not one per worker and rank); a
         remote object is read into memory. Either way the result supports the buffer protocol.
         """
-        if not is_local_url(self.url(name)):
-            return self.read_bytes(name)
-        with open(self._local_path(name), "rb") as stream:
-            if os.fstat(stream.fileno()).st_size == 0:
-                return b""
-            return mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ)
+        return self.backend(name).read_mapped(self, name)
 
     def exists(self, name: str = "") -> bool:
         """True when a file or object exists at ``name``."""
         fs, path = self._path(name)
-        files.forget_listings(fs, path)
+        self.backend(name).forget_listings(fs, path)
         return bool(fs.exists(path))
 
     def size(self, name: str) -> int:
         """Byte size of the file or object ``name``."""
         fs, path = self._path(name)
-        files.forget_listings(fs, path)
+        self.backend(name).forget_listings(fs, path)
         return int(fs.size(path))
 
     def list_names(self, name: str = "") -> list[str]:
         """Sorted names of the files directly inside folder ``name``; [] when it is missing."""
-        return files.list_files(*self._path(name))
+        return self.backend(name).list_files(*self._path(name))
 
     def list_folders(self, name: str = "") -> list[str]:
         """Sorted names of the folders (object stores: common prefixes) inside folder ``name``."""
-        return files.list_files(*self._path(name), kind="directory")
+        return self.backend(name).list_files(*self._path(name), kind="directory")
 
     # -- writing -------------------------------------------------------------------------------
 
     def makedirs(self, name: str = "") -> None:
         """Create a folder and its parents (a no-op on object stores)."""
+        self.backend(name).check_writable(self.shown(name))
         fs, path = self._path(name)
-        files.make_folder(fs, path, self.shown(name))
+        self.backend(name).make_folder(fs, path, self.shown(name))
 
     @contextlib.contextmanager
     def open_atomic_write(
@@ -275,14 +266,14 @@ class Store:
 
         Local files get a temporary name, an fsync and a rename; object stores a multipart
         upload of ``part_size_bytes`` parts that becomes visible only when it completes (and is
-        aborted if the block raises). See :func:`shardstream.storage.files.atomic_write`.
+        aborted if the block raises). See the backend's ``atomic_write``.
 
         Example:
             >>> with Store("/tmp/out").open_atomic_write("data.bin") as f:  # doctest: +SKIP
             ...     f.write(b"...")
         """
         fs, path = self._path(name)
-        with files.atomic_write(
+        with self.backend(name).atomic_write(
             fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
         ) as stream:
             yield stream
@@ -291,26 +282,29 @@ class Store:
         """Create ``name`` holding ``data`` unless it exists; True if this call created it.
 
         Two writers never both succeed locally or on S3 servers with conditional writes
-        (``If-None-Match: *``). See :func:`shardstream.storage.files.create_exclusive`.
+        (``If-None-Match: *``). See the backend's ``create_exclusive``.
 
         Example:
             >>> Store("/tmp/out").create_exclusive("claim.json", b"{}")  # doctest: +SKIP
             True
         """
         fs, path = self._path(name)
-        return files.create_exclusive(fs, path, data, self.shown(name), self.read_options)
+        backend = self.backend(name)
+        return backend.create_exclusive(fs, path, data, self.shown(name), self.read_options)
 
     def move(self, source: str, target: str, into: Store | None = None) -> None:
         """Move ``source`` to ``target`` under the root (of ``into``, on the same storage).
 
         Local files are renamed; on object stores the bytes never leave the server (a
-        server-side copy, then a delete). See :func:`shardstream.storage.files.move`.
+        server-side copy, then a delete). See the backend's ``move``.
         """
+        self.backend(source).check_writable(self.shown(source))
         fs, source_path = self._path(source)
-        files.move(fs, source_path, (into or self)._path(target)[1])
+        self.backend(source).move(fs, source_path, (into or self)._path(target)[1])
 
     def remove(self, name: str, missing_ok: bool = True) -> None:
         """Delete one file or object."""
+        self.backend(name).check_writable(self.shown(name))
         fs, path = self._path(name)
         try:
             fs.rm_file(path)
@@ -320,7 +314,8 @@ class Store:
 
     def remove_folder(self, name: str = "") -> None:
         """Delete a folder (or every object under a prefix) and all it holds; missing is fine."""
-        files.remove_folder(*self._path(name))
+        self.backend(name).check_writable(self.shown(name))
+        self.backend(name).remove_folder(*self._path(name))
 
 
 def as_store(location: Store | str | os.PathLike[str], storage_options: StorageOptions) -> Store:

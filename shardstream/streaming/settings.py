@@ -81,7 +81,7 @@ class Settings:
         options = self.options
         return choose_order(
             self.facts, options.chunk_size, options.num_open, options.piece_size,
-            options.block_size,
+            options.block_size, self.micro_batch,
         )  # fmt: skip
 
     @property

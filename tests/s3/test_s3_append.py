@@ -19,8 +19,8 @@ from shardstream.format.shardtable import ShardInfo
 from shardstream.format.verify import find_problems
 from shardstream.shardwriter import build_shards, state
 from shardstream.storage import Store
-from shardstream.storage import files as storage_files
-from shardstream.storage.s3upload import S3Upload
+from shardstream.storage.backends.s3 import S3Backend
+from shardstream.storage.backends.s3upload import S3Upload
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET
 from tests.shardwriter.growth import write_day
@@ -97,14 +97,14 @@ def _upload_of(suffix: str) -> Callable[[tuple], bool]:
 
 
 def _named(fragment: str) -> Callable[[tuple], bool]:
-    return lambda args: fragment in str(args[1])
+    return lambda args: fragment in str(args[2])  # (backend, fs, path, ...)
 
 
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
-    "plan-claim": (storage_files, "create_exclusive", _named("plan.json")),
-    "mid-rename": (storage_files, "move", lambda args: "shard-" in str(args[2])),
-    "keep-version-1": (storage_files, "create_exclusive", _named("manifest.v000001.json")),
-    "versioned-manifest": (storage_files, "create_exclusive", _named("manifest.v000002.json")),
+    "plan-claim": (S3Backend, "create_exclusive", _named("plan.json")),
+    "mid-rename": (S3Backend, "move", lambda args: "shard-" in str(args[3])),
+    "keep-version-1": (S3Backend, "create_exclusive", _named("manifest.v000001.json")),
+    "versioned-manifest": (S3Backend, "create_exclusive", _named("manifest.v000002.json")),
     "manifest-put": (S3Upload, "close", _upload_of("/manifest.json")),
     "before-state-removal": (state, "remove_state", lambda args: True),
 }

@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import ReadOptions, Store, hints, prefetch
+from shardstream.storage import ReadOptions, Store
 from shardstream.storage.processlocal import ProcessLocal
+from shardstream.storage.remote import hints, prefetch
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 

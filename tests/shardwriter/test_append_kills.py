@@ -25,7 +25,7 @@ from shardstream.format.manifest import read_manifest
 from shardstream.format.verify import find_problems
 from shardstream.shardwriter import build_shards, state
 from shardstream.storage import Store
-from shardstream.storage import files as storage_files
+from shardstream.storage.backends.local import LocalBackend
 
 from .growth import write_day
 from .helpers import dataset_bytes, kill_at
@@ -37,16 +37,16 @@ SWAPPED = ("manifest.json", "_info.json")
 
 
 def _named(fragment: str) -> Callable[[tuple], bool]:
-    return lambda args: fragment in str(args[1])
+    return lambda args: fragment in str(args[2])  # (backend, fs, path, ...)
 
 
 #: name -> (object owning the patched function, its attribute name, ``when(call_args)``).
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
-    "plan-claim": (storage_files, "create_exclusive", _named("plan.json")),
+    "plan-claim": (LocalBackend, "create_exclusive", _named("plan.json")),
     "mid-shard": (tarwriter.TarShardWriter, "write_member", lambda args: True),
-    "mid-rename": (storage_files, "move", lambda args: "shard-" in str(args[2])),
-    "keep-version-1": (storage_files, "create_exclusive", _named("manifest.v000001.json")),
-    "versioned-manifest": (storage_files, "create_exclusive", _named("manifest.v000002.json")),
+    "mid-rename": (LocalBackend, "move", lambda args: "shard-" in str(args[3])),
+    "keep-version-1": (LocalBackend, "create_exclusive", _named("manifest.v000001.json")),
+    "versioned-manifest": (LocalBackend, "create_exclusive", _named("manifest.v000002.json")),
     "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json")),
     "before-state-removal": (state, "remove_state", lambda args: True),
 }

@@ -24,7 +24,7 @@ import pytest
 
 from shardstream.format import tarwriter
 from shardstream.shardwriter import build, build_shards, sources, state
-from shardstream.storage import files as storage_files
+from shardstream.storage.backends.local import LocalBackend
 
 from ..conftest import encode_image, write_image_folder
 from .helpers import dataset_bytes, kill_at
@@ -39,7 +39,7 @@ BUILD_OPTIONS: dict[str, Any] = {"max_samples_per_shard": 2, "resize": 16}
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
     "scanning": (sources._TreeScan, "_scan_files", lambda args: True),
     "mid-shard": (tarwriter.TarShardWriter, "write_member", lambda args: True),
-    "mid-rename": (storage_files, "move", lambda args: "shard-" in str(args[2])),
+    "mid-rename": (LocalBackend, "move", lambda args: "shard-" in str(args[3])),
     "before-manifest": (build, "write_manifest", lambda args: True),
     "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json")),
     "before-state-removal": (state, "remove_state", lambda args: True),

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import buffers
-from shardstream.storage.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.ranged import RemoteStream
+from shardstream.storage.remote import buffers
+from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
+from shardstream.storage.remote.ranged import RemoteStream
 
 SIZE = 2 * MIN_POOLED_BYTES
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardstream.storage.latency import LatencyGauge, TimedSource
-from shardstream.storage.prefetch import FetchPool, SpanJob
+from shardstream.storage.remote.latency import LatencyGauge, TimedSource
+from shardstream.storage.remote.prefetch import FetchPool, SpanJob
 from tests.storage.test_prefetch import Recorder
 
 

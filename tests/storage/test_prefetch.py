@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage.hints import PrefetchQueue
-from shardstream.storage.prefetch import FetchPool, SpanJob, SpanPrefetcher
+from shardstream.storage.remote.hints import PrefetchQueue
+from shardstream.storage.remote.prefetch import FetchPool, SpanJob, SpanPrefetcher
 
 DATA = bytes(range(256)) * 400  # 102,400 bytes
 

@@ -17,9 +17,9 @@ import pytest
 
 from shardstream.errors import StorageError
 from shardstream.storage.bounded import BoundedFile
-from shardstream.storage.ranged import ChunkFetcher, ChunkSource, RemoteStream
-from shardstream.storage.readahead import ReadAhead
-from shardstream.storage.retry import Retrier
+from shardstream.storage.remote.ranged import ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.remote.readahead import ReadAhead
+from shardstream.storage.remote.retry import Retrier
 from tests.storage.fakes import FakeObject, Fault, random_bytes
 
 URL = "s3://bucket/train/shard-000001.tar"

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shardstream.storage.ranged import ChunkFetcher
-from shardstream.storage.readahead import ReadAhead
-from shardstream.storage.retry import Retrier
+from shardstream.storage.remote.ranged import ChunkFetcher
+from shardstream.storage.remote.readahead import ReadAhead
+from shardstream.storage.remote.retry import Retrier
 from tests.storage.fakes import FakeChunks, FakeObject, Fault, random_bytes
 
 CHUNK = 1024

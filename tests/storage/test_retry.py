@@ -26,7 +26,7 @@ from botocore.parsers import ResponseParserError
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from shardstream.errors import ConfigError, StorageError
-from shardstream.storage.retry import (
+from shardstream.storage.remote.retry import (
     Retrier,
     ShortReadError,
     client_error_code,
@@ -259,7 +259,7 @@ def test_secrets_never_reach_messages_or_logs(caplog: pytest.LogCaptureFixture) 
 
 
 def _jitter_draw(_: int) -> float:
-    from shardstream.storage import retry
+    from shardstream.storage.remote import retry
 
     return retry._JITTER.get().random()
 
@@ -270,7 +270,7 @@ def test_retry_jitter_differs_per_forked_worker_and_leaves_the_users_random_alon
     import multiprocessing
     import random
 
-    from shardstream.storage import retry
+    from shardstream.storage.remote import retry
 
     with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
         draws = pool.map(_jitter_draw, range(4), chunksize=1)

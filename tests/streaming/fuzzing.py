@@ -29,7 +29,7 @@ from shardstream.format.samples import iter_samples
 from shardstream.format.shardindex import decode_offsets
 from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
-from shardstream.streaming.worker.pieces import HandlePool, read_piece
+from shardstream.streaming.worker.pieces import open_piece
 
 _BLOCK = 512
 _INTERESTING_SIZES = [
@@ -222,11 +222,11 @@ def read_shard(data: bytes, url: str, offsets: tuple[int, ...] | None) -> int:
     count += len(list(iter_samples(open_tar(non_seekable, url))))  # type: ignore[arg-type]
     if offsets is not None:
         scratch = pathlib.Path(_SCRATCH[0])
-        pool = HandlePool(Store(scratch.parent))
+        pool = Store(scratch.parent).ranges()
         try:
             last = len(offsets) - 1
-            count += len(list(read_piece(pool, scratch.name, 0, last, None, offsets)))
-            count += len(list(read_piece(pool, scratch.name, 2, 4, None, offsets)))
+            count += len(list(open_piece(pool, scratch.name, 0, last, None, offsets)))
+            count += len(list(open_piece(pool, scratch.name, 2, 4, None, offsets)))
         finally:
             pool.close()
     return count

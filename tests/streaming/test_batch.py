@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
 from shardstream.streaming.worker.batch import ByteViews, pack_bytes, stack_or_list
-from shardstream.streaming.worker.pieces import HandlePool, read_piece
+from shardstream.streaming.worker.pieces import open_piece
 from tests.streaming.shards import make_dataset, make_samples
 
 
@@ -87,9 +87,9 @@ def test_handle_pool_reuses_and_closes(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 40, 7)
     store = _CountingStore(root)
     before = _open_fds()
-    pool = HandlePool(store, max_idle=2)
+    pool = store.ranges(max_idle=2)
     for start in range(0, 7, 2):
-        piece = read_piece(pool, "shard-000000.tar", start, min(start + 2, 7))
+        piece = open_piece(pool, "shard-000000.tar", start, min(start + 2, 7))
         assert [s["__key__"] for s in piece] == [
             f"s{i:06d}" for i in range(start, min(start + 2, 7))
         ]

@@ -14,11 +14,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardstream.format.tarfast import SampleMap, parse_plain_sample
+from shardstream.format.tarfast import parse_plain_sample
 from shardstream.storage import Store
+from shardstream.storage.backends import localmaps
+from shardstream.storage.backends.local import LocalRanges
+from shardstream.storage.backends.localmaps import WindowMaps
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.worker import shortpiece
-from shardstream.streaming.worker.pieces import HandlePool, read_piece
+from shardstream.streaming.worker import pieces
+from shardstream.streaming.worker.pieces import open_piece
 from tests.streaming.shards import make_dataset, sample_offsets, tiny_jpeg
 
 
@@ -36,14 +39,14 @@ def _shard(tmp_path: pathlib.Path, count: int = 9) -> tuple[pathlib.Path, list[i
 def _read(
     path: pathlib.Path, offsets: list[int], memory_map: bool, max_map_bytes: int = 1 << 30
 ) -> list[dict]:
-    pool = HandlePool(Store(path.parent), max_idle=0, max_map_bytes=max_map_bytes)
-    return list(read_piece(pool, path.name, 0, None, None, offsets, memory_map=memory_map))
+    pool = LocalRanges(Store(path.parent), max_idle=0, max_map_bytes=max_map_bytes)
+    return list(open_piece(pool, path.name, 0, None, None, offsets, memory_map=memory_map))
 
 
 @pytest.fixture(autouse=True)
 def _map_small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     """These shards are tiny: map their pieces too (a piece under 64 KiB is copied)."""
-    monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 0)
+    monkeypatch.setattr(pieces, "COPY_MAX_BYTES", 0)
 
 
 def test_short_pieces_are_slices_of_the_shard_map_or_else_copied(
@@ -51,7 +54,7 @@ def test_short_pieces_are_slices_of_the_shard_map_or_else_copied(
 ) -> None:
     """Under the copy size a piece is a slice of its shard's map; of a shard that cannot be
     mapped whole (here: over the map budget) it is copied, not mapped alone."""
-    monkeypatch.setattr(shortpiece, "COPY_MAX_BYTES", 64 << 10)
+    monkeypatch.setattr(pieces, "COPY_MAX_BYTES", 64 << 10)
     path, offsets = _shard(tmp_path)
     sliced = _read(path, offsets, True)
     assert [s["jpg"] for s in sliced] == [tiny_jpeg(i) for i in range(9)]
@@ -90,7 +93,7 @@ def test_windows_are_bounded_and_unmapped_when_released(tmp_path: pathlib.Path) 
     path, offsets = _shard(tmp_path, 12)
     window = offsets[4] - offsets[0]  # about four samples a window
     with open(path, "rb") as stream:
-        samples = SampleMap(stream, offsets, 12, window=window)
+        samples = WindowMaps(stream, offsets, 12, window=window)
         views = [samples.view(ordinal) for ordinal in range(12)]
     assert all(view is not None for view in views)
     mappings = {id(view.obj): view.obj for view in views if view is not None}
@@ -111,8 +114,8 @@ def test_a_shard_shorter_than_its_index_is_read_not_mapped(tmp_path: pathlib.Pat
     path, offsets = _shard(tmp_path)
     path.write_bytes(path.read_bytes()[: offsets[6] + 700])
     with open(path, "rb") as stream:
-        assert not SampleMap(stream, offsets, 9).usable
-        assert SampleMap(stream, offsets, 5).usable  # samples before the cut can be mapped
+        assert not WindowMaps(stream, offsets, 9).usable
+        assert WindowMaps(stream, offsets, 5).usable  # samples before the cut can be mapped
     with pytest.raises(Exception, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"):
         _read(path, offsets, True)
 
@@ -151,28 +154,26 @@ def test_epochs_are_the_same_with_and_without_memory_maps(
 def test_a_pooled_handle_maps_without_seeking_and_asks_the_length_once(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardstream.streaming.worker import handles
+    from shardstream.storage.backends import local
 
     path, offsets = _shard(tmp_path)
-    pool = HandlePool(Store(path.parent), max_idle=4)
+    pool = LocalRanges(Store(path.parent), max_idle=4)
     asked = []
-    real_fstat = handles.os.fstat
-    monkeypatch.setattr(handles.os, "fstat", lambda fd: asked.append(fd) or real_fstat(fd))
-    views = [pool.map(path.name, offsets[i], offsets[i + 1]) for i in range(len(offsets) - 1)]
+    real_fstat = local.os.fstat
+    monkeypatch.setattr(local.os, "fstat", lambda fd: asked.append(fd) or real_fstat(fd))
+    views = [pool.view(path.name, offsets[i], offsets[i + 1]) for i in range(len(offsets) - 1)]
     data = path.read_bytes()
     assert [bytes(v) for v in views] == [data[a:b] for a, b in itertools.pairwise(offsets)]
     assert len(asked) == 1 and pool.num_idle == 1  # one handle, its length asked once
     with pool.lend(path.name, offsets[2]) as stream:  # a reused handle is still positioned
         assert stream.read(10) == data[offsets[2] : offsets[2] + 10]
-    assert pool.map(path.name, 0, len(data) + 1) is None  # past the end: read, never mapped
+    assert pool.view(path.name, 0, len(data) + 1) is None  # past the end: read, never mapped
     pool.close()
-    assert pool.num_idle == 0 and pool.map(path.name, 0, 512) is not None  # after close too
+    assert pool.num_idle == 0 and pool.view(path.name, 0, 512) is not None  # after close too
 
 
 def test_cached_ranges_skip_the_read_ahead_advice(tmp_path: pathlib.Path) -> None:
     import os
-
-    from shardstream.format import filemaps
 
     path = tmp_path / "blob"
     path.write_bytes(os.urandom(1 << 20))
@@ -181,8 +182,8 @@ def test_cached_ranges_skip_the_read_ahead_advice(tmp_path: pathlib.Path) -> Non
     read_end, write_end = os.pipe()
     try:
         if hasattr(os, "RWF_NOWAIT"):  # Linux
-            assert filemaps._cached(descriptor, 4096, 1 << 19)
-        assert not filemaps._cached(read_end, 0, 100)  # cannot tell (a pipe): advise anyway
+            assert localmaps._cached(descriptor, 4096, 1 << 19)
+        assert not localmaps._cached(read_end, 0, 100)  # cannot tell (a pipe): advise anyway
     finally:
         for fd in (descriptor, read_end, write_end):
             os.close(fd)
@@ -194,8 +195,6 @@ def test_a_pool_maps_each_shard_once_and_bounds_what_stays_mapped(
     """Pieces of a shard are slices of one map (no map per piece); past the byte budget the
     least recently used shard is dropped, a shard over the budget is mapped piece by piece,
     and closing the pool unmaps everything once no sample views it."""
-    from shardstream.format import filemaps
-
     shards = []
     for name in ("a", "b", "c"):
         folder = tmp_path / name
@@ -209,12 +208,12 @@ def test_a_pool_maps_each_shard_once_and_bounds_what_stays_mapped(
     maps_made = []
     real_mmap = mmap.mmap
     monkeypatch.setattr(mmap, "mmap", lambda *a, **k: maps_made.append(a[1:]) or real_mmap(*a, **k))
-    live_before = filemaps._MAPS.live
-    pool = HandlePool(Store(tmp_path), max_idle=4, max_map_bytes=sizes["a.tar"] + sizes["b.tar"])
+    live_before = localmaps._MAPS.live
+    pool = LocalRanges(Store(tmp_path), max_idle=4, max_map_bytes=sizes["a.tar"] + sizes["b.tar"])
 
     def read_all(name: str) -> list[memoryview]:
         found = offsets[name]
-        views = [pool.map(name, found[i], found[i + 1]) for i in range(len(found) - 1)]
+        views = [pool.view(name, found[i], found[i + 1]) for i in range(len(found) - 1)]
         data = (tmp_path / name).read_bytes()
         assert [bytes(v) for v in views] == [data[a:b] for a, b in itertools.pairwise(found)]
         return views
@@ -238,7 +237,7 @@ def test_a_pool_maps_each_shard_once_and_bounds_what_stays_mapped(
     assert [bytes(v) for v in held] == [bytes(v) for v in read_all("a.tar")]  # still valid
     del held
     gc.collect()
-    assert filemaps._MAPS.live == live_before  # every map and descriptor given back
+    assert localmaps._MAPS.live == live_before  # every map and descriptor given back
 
 
 def test_persistent_workers_read_the_same_epochs_mapped_and_unmapped(

@@ -19,7 +19,9 @@ from shardstream.format.tarfast import read_plain_sample
 from shardstream.format.tarheader import byte_sum
 from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
-from shardstream.streaming.worker.pieces import HandlePool, OffsetIndex, read_piece
+from shardstream.storage.backends.local import LocalRanges
+from shardstream.streaming.worker.indexes import OffsetIndex
+from shardstream.streaming.worker.pieces import open_piece
 from tests.streaming.shards import sample_offsets, tiny_jpeg
 
 
@@ -116,25 +118,25 @@ def test_corrupt_header_is_reported(tmp_path: pathlib.Path) -> None:
         _read(path)
 
 
-def _pool(path: pathlib.Path) -> HandlePool:
-    return HandlePool(Store(path.parent), max_idle=0)  # nothing left open after a piece
+def _pool(path: pathlib.Path) -> LocalRanges:
+    return LocalRanges(Store(path.parent), max_idle=0)  # nothing left open after a piece
 
 
 def test_pieces_seek_with_the_offset_index(tmp_path: pathlib.Path) -> None:
     path = _shard(tmp_path, 9)
     index = OffsetIndex()
-    keys = [s["__key__"] for s in read_piece(_pool(path), path.name, 5, 8, index)]
+    keys = [s["__key__"] for s in open_piece(_pool(path), path.name, 5, 8, index)]
     assert keys == ["k5", "k6", "k7"]
-    assert [s["__key__"] for s in read_piece(_pool(path), path.name, 2, 4, index)] == ["k2", "k3"]
-    tail = read_piece(_pool(path), path.name, 7, None, index)
+    assert [s["__key__"] for s in open_piece(_pool(path), path.name, 2, 4, index)] == ["k2", "k3"]
+    tail = open_piece(_pool(path), path.name, 7, None, index)
     assert [s["__key__"] for s in tail] == ["k7", "k8"]
     with pytest.raises(ShardFormatError, match="manifest says"):
-        list(read_piece(_pool(path), path.name, 0, 12, index))
+        list(open_piece(_pool(path), path.name, 0, 12, index))
     with pytest.raises(ShardFormatError, match="manifest says"):
-        list(read_piece(_pool(path), path.name, 11, 12, OffsetIndex()))
+        list(open_piece(_pool(path), path.name, 11, 12, OffsetIndex()))
 
 
-class _RecordingPool(HandlePool):
+class _RecordingPool(LocalRanges):
     """A pool that records the byte ranges pieces ask for (lent or mapped)."""
 
     def __init__(self, path: pathlib.Path, calls: list[tuple[int, int | None]]) -> None:
@@ -145,9 +147,9 @@ class _RecordingPool(HandlePool):
         self.calls.append((start, end))
         return super().lend(name, start, end)
 
-    def map(self, name: str, begin: int, end: int, alone: bool = True) -> memoryview | None:
+    def view(self, name: str, begin: int, end: int, alone: bool = True) -> memoryview | None:
         self.calls.append((begin, end))
-        return super().map(name, begin, end, alone)
+        return super().view(name, begin, end, alone)
 
 
 def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Path) -> None:
@@ -155,12 +157,12 @@ def test_pieces_with_an_index_read_exactly_their_byte_range(tmp_path: pathlib.Pa
     offsets = sample_offsets(path)
     calls: list[tuple[int, int | None]] = []
     pool = _RecordingPool(path, calls)
-    keys = [s["__key__"] for s in read_piece(pool, path.name, 5, 8, None, offsets)]
+    keys = [s["__key__"] for s in open_piece(pool, path.name, 5, 8, None, offsets)]
     assert keys == ["k5", "k6", "k7"] and calls == [(offsets[5], offsets[8])]
-    tail = [s["__key__"] for s in read_piece(pool, path.name, 7, None, None, offsets)]
+    tail = [s["__key__"] for s in open_piece(pool, path.name, 7, None, None, offsets)]
     assert tail == ["k7", "k8"] and calls[-1] == (offsets[7], offsets[9])
     with pytest.raises(ShardFormatError, match="index lists 9 samples but the manifest says"):
-        list(read_piece(pool, path.name, 0, 12, None, offsets))
+        list(open_piece(pool, path.name, 0, 12, None, offsets))
 
 
 def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: pathlib.Path) -> None:
@@ -169,14 +171,14 @@ def test_pieces_with_an_index_report_truncation_and_a_wrong_index(tmp_path: path
     pool = _RecordingPool(path, [])
     wrong = [*offsets[:4], offsets[4] + 512, *offsets[5:]]
     with pytest.raises(ShardFormatError, match=r"shard\.tar: no valid tar header at byte offset"):
-        list(read_piece(pool, path.name, 4, 6, None, wrong))
+        list(open_piece(pool, path.name, 4, 6, None, wrong))
     path.write_bytes(path.read_bytes()[: offsets[6] + 700])
     pool = _RecordingPool(path, [])  # the next pass: its maps are made afresh (a shard cut in
     # place while a pass has it mapped faults, as with any memory-mapped reader; see tarfast)
     with pytest.raises(
         ShardFormatError, match=r"shard\.tar: truncated at byte offset \d+.*key 'k5'"
     ):
-        list(read_piece(pool, path.name, 5, 8, None, offsets))
+        list(open_piece(pool, path.name, 5, 8, None, offsets))
 
 
 def _styled_shard(tmp_path: pathlib.Path, style: str) -> pathlib.Path:
@@ -207,7 +209,7 @@ def test_reads_by_index_match_a_walk_whatever_the_headers(
     path = _styled_shard(tmp_path, style)
     walked = _read(path)
     offsets = sample_offsets(path)
-    indexed = list(read_piece(_pool(path), path.name, 0, 6, None, offsets))
+    indexed = list(open_piece(_pool(path), path.name, 0, 6, None, offsets))
     assert indexed == walked and len(walked) == 6
     # The fast path (memoryview data) takes every header style; only a sample whose range
     # holds another member type (a directory; not the last one's) goes through the full
@@ -227,7 +229,7 @@ def test_fast_path_refuses_what_the_full_reader_must_judge(tmp_path: pathlib.Pat
         sample = read_plain_sample(stream, path.name, offsets[1], offsets[2], 1 << 20)
     assert sample is not None and sample["__key__"] == "k1" and sample["jpg"] == tiny_jpeg(1)
     with pytest.raises(ShardFormatError, match="max_member_bytes=10"):
-        list(read_piece(_pool(path), path.name, 0, 1, None, offsets, max_member_bytes=10))
+        list(open_piece(_pool(path), path.name, 0, 1, None, offsets, max_member_bytes=10))
 
 
 def test_header_byte_sum_is_exact_for_any_block() -> None:

@@ -49,7 +49,7 @@ class StreamCursor:
             window = self._window
             if window is None or not window.start <= start < window.start + window.num_samples:
                 window = self._load(self._lanes.window_at(start), start)
-            elif start != self._position and self._reader.remote:
+            elif start != self._position and self._reader.announces:
                 self._announce(window, start - window.start)
             end = min(stop, window.start + window.num_samples)
             self._position = -1  # until the slice is read whole
@@ -69,7 +69,7 @@ class StreamCursor:
         self._fillers = window.fillers.tolist() if plan.shape.masked else None
         self._runs = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
-        if self._reader.remote and self._lanes.before(index + 1) < self._lanes.total:
+        if self._reader.announces and self._lanes.before(index + 1) < self._lanes.total:
             # The next window's pieces are announced after this one's: an object store starts
             # them as this window's streams are taken, so no window waits for a first byte.
             following = build_window(
@@ -87,7 +87,7 @@ class StreamCursor:
         the first sample it reads of it: that exact range is announced, or an object store
         would make each such open wait for a first byte in turn. Local shards need none.
         """
-        if not self._reader.remote:
+        if not self._reader.announces:
             return
         runs, expected = self._runs, self._next
         announced = [

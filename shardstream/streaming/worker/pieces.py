@@ -1,27 +1,41 @@
-"""Reading one piece (samples ``[start, stop)`` of one shard) by byte range.
+"""Opening one piece (samples ``[start, stop)`` of one shard): the one place a worker does it.
 
-With the shard's byte-offset index (see :mod:`.handles`), a piece reads exactly the bytes
-``[offsets[start], offsets[stop])``: one ranged GET on S3, one memory map locally, no walk over
-the members before it. Without one, the shard is walked from the last offset known.
+With the shard's byte-offset index (see :mod:`.indexes`), a piece asks storage for exactly the
+bytes ``[offsets[start], offsets[stop])`` (:class:`~shardstream.storage.ranges.Ranges`: a slice
+of the shard's memory map locally, ranged requests on an object store, taken over from an
+announcement when one is under way) and parses its samples in place; no walk over the members
+before it. Without one, the shard is walked from the last offset known.
+
+The default order reads pieces of a few samples from hundreds of places at once, so what a piece
+costs beyond its samples' bytes decides the loader's speed, and what it holds decides whether a
+worker runs out of file descriptors (``ulimit -n``). A :class:`ShortPiece` borrows a file handle
+only while it reads its bytes, on its first sample; it is a plain iterator (nothing to close),
+and holds no descriptor afterwards except the one of its memory map, within the process's map
+budget. A piece is a slice of its shard's map when the shard can be mapped whole; otherwise a
+piece below ``COPY_MAX_BYTES`` is copied, which costs less than a map of its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.samples import iter_samples
-from shardstream.format.tarfast import (
-    MAP_WINDOW_BYTES,
-    SampleMap,
-    parse_plain_sample,
-    read_plain_sample,
-)
+from shardstream.format.tarfast import parse_plain_sample, read_full_sample, read_plain_sample
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, Sample, TarReader, open_tar
-from shardstream.streaming.worker.handles import HandlePool, OffsetIndex
-from shardstream.streaming.worker.shortpiece import ShortPiece, read_full_sample
+from shardstream.storage.ranges import Ranges
+from shardstream.streaming.worker.indexes import OffsetIndex
 
-__all__ = ["read_piece"]
+__all__ = ["COPY_MAX_BYTES", "SHORT_PIECE_BYTES", "ShortPiece", "open_piece"]
+
+#: A piece of at most this many bytes is read (or mapped) at once, on its first sample.
+SHORT_PIECE_BYTES = 1 << 20
+#: Pieces up to this size, of shards not mapped whole, are read into memory instead of mapped
+#: alone (a map of its own costs about 10 us).
+COPY_MAX_BYTES = 64 << 10
 
 
 def _position(reader: TarReader, offsets: list[int], start: int) -> int:
@@ -48,8 +62,8 @@ def _position(reader: TarReader, offsets: list[int], start: int) -> int:
     return start
 
 
-def read_piece(
-    pool: HandlePool,
+def open_piece(
+    ranges: Ranges,
     name: str,
     start: int,
     stop: int | None,
@@ -61,38 +75,39 @@ def read_piece(
 ) -> Iterator[Sample]:
     """Yield samples ``start..stop-1`` of shard ``name`` (to the end when ``stop`` is None).
 
-    Handles come from ``pool`` (open local files are reused across pieces). With
-    ``sample_offsets`` (the shard's index, see :class:`IndexCache`) only the piece's bytes are
-    read, and with ``memory_map`` a local shard's samples are views of a memory map (see
-    :class:`~shardstream.format.tarfast.SampleMap`); without an index, the shard is walked
+    Bytes come from ``ranges`` (storage decides how: memory maps and handles kept between
+    pieces locally, ranged requests remotely). With ``sample_offsets`` (the shard's index, see
+    :class:`~.indexes.IndexCache`) only the piece's bytes are read, and with ``memory_map`` a
+    local shard's samples are views of a memory map; without an index, the shard is walked
     from the last offset ``index`` knows. No member larger than ``max_member_bytes`` is read
-    into memory. A piece of at most ``MAP_WINDOW_BYTES`` is read or mapped at once and holds
-    no file handle (:class:`~.shortpiece.ShortPiece`). Samples carry the shard's URL (``url``,
-    or the store's without credentials) as ``__url__``, and errors name it.
+    into memory. A piece of at most ``SHORT_PIECE_BYTES`` is read or mapped at once and holds
+    no file handle (:class:`ShortPiece`). Samples carry the shard's URL (``url``, or the
+    store's without credentials) as ``__url__``, and errors name it.
 
     Raises:
         ShardFormatError: The shard is corrupt, truncated, has fewer than ``stop`` samples, or
             disagrees with its index.
 
     Example:
-        >>> pool = HandlePool(Store("shards/train"))  # doctest: +SKIP
-        >>> samples = list(read_piece(pool, "shard-000000.tar", 0, 4))  # doctest: +SKIP
+        >>> ranges = Store("shards/train").ranges()  # doctest: +SKIP
+        >>> samples = list(open_piece(ranges, "shard-000000.tar", 0, 4))  # doctest: +SKIP
     """
-    url = url or pool.store.shown(name)
+    url = url or ranges.store.shown(name)
     if sample_offsets is not None:  # (returned, not delegated to: one generator less per sample)
-        mapped = memory_map and pool.is_local(name)
         last = len(sample_offsets) - 1
         end = last if stop is None else stop
-        if end <= last and 0 < sample_offsets[end] - sample_offsets[start] <= MAP_WINDOW_BYTES:
+        if end <= last and 0 < sample_offsets[end] - sample_offsets[start] <= SHORT_PIECE_BYTES:
             return ShortPiece(
-                pool, name, url, start, end, sample_offsets, max_member_bytes, mapped
+                ranges, name, url, start, end, sample_offsets, max_member_bytes, memory_map
             )
-        return _read_range(pool, name, url, start, stop, sample_offsets, max_member_bytes, mapped)
-    return _walk_piece(pool, name, url, start, stop, index, max_member_bytes)
+        return _read_range(
+            ranges, name, url, start, stop, sample_offsets, max_member_bytes, memory_map
+        )
+    return _walk_piece(ranges, name, url, start, stop, index, max_member_bytes)
 
 
 def _walk_piece(
-    pool: HandlePool,
+    ranges: Ranges,
     name: str,
     url: str,
     start: int,
@@ -102,7 +117,7 @@ def _walk_piece(
 ) -> Iterator[Sample]:
     """Samples ``start..stop-1`` found by walking the shard from the last known offset."""
     offsets = index.get(name) if index is not None else []
-    with pool.lend(name) as stream:
+    with ranges.lend(name) as stream:
         reader = open_tar(stream, url, max_member_bytes)
         ordinal = _position(reader, offsets, start)
         for sample, offset in iter_samples(reader):
@@ -122,7 +137,7 @@ def _walk_piece(
 
 
 def _read_range(
-    pool: HandlePool,
+    ranges: Ranges,
     name: str,
     url: str,
     start: int,
@@ -146,8 +161,8 @@ def _read_range(
         )
     begin, end, limit = offsets[start], offsets[stop], max_member_bytes
     previous = ""  # the last key read, which errors name
-    with pool.lend(name, begin, end) as stream:
-        mapped = SampleMap(stream, offsets, stop) if memory_map else None
+    with ranges.lend(name, begin, end) as stream:
+        mapped = ranges.window_maps(stream, offsets, stop) if memory_map else None
         for ordinal in range(start, stop):
             here, after = offsets[ordinal], offsets[ordinal + 1]
             if mapped is None:
@@ -161,3 +176,76 @@ def _read_range(
                 sample = read_full_sample(stream, url, ordinal, offsets, limit, previous)
             previous = sample["__key__"]
             yield sample
+
+
+class ShortPiece(Iterator[Sample]):
+    """Samples ``[start, stop)`` of an indexed shard whose bytes fit one read or map.
+
+    Args:
+        ranges: Where the shard's bytes come from.
+        name: The shard's name in the ranges' store.
+        url: The shard's URL for samples and messages (without credentials).
+        start: First sample.
+        stop: One past the last sample.
+        offsets: The shard's index.
+        max_member_bytes: Largest sample read by the fast parse (larger: the full reader).
+        memory_map: Map local bytes (else read them).
+    """
+
+    __slots__ = ("_begin", "_data", "_limit", "_map", "_name", "_next", "_offsets", "_previous",
+                 "_ranges", "_stop", "_url")  # fmt: skip
+
+    def __init__(
+        self,
+        ranges: Ranges,
+        name: str,
+        url: str,
+        start: int,
+        stop: int,
+        offsets: Sequence[int],
+        max_member_bytes: int,
+        memory_map: bool,
+    ) -> None:
+        self._ranges, self._name, self._url = ranges, name, url
+        self._next, self._stop, self._offsets = start, stop, offsets
+        self._limit, self._map = max_member_bytes, memory_map
+        self._begin = int(offsets[start])
+        self._data: memoryview | None = None
+        self._previous = ""  # the last key read, which errors name
+
+    def __iter__(self) -> ShortPiece:
+        return self
+
+    def __next__(self) -> Sample:
+        ordinal = self._next
+        if ordinal >= self._stop:
+            raise StopIteration
+        if self._data is None:
+            self._data = self._load()  # on the first sample, so errors come from next()
+        self._next = ordinal + 1
+        here, after = self._offsets[ordinal], self._offsets[ordinal + 1]
+        sample = None
+        if len(self._data) and after - here <= self._limit:
+            begin = self._begin
+            sample = parse_plain_sample(self._data[here - begin : after - begin], self._url, here)
+        if sample is None:  # short, not plain ustar or broken: the full reader says why
+            with self._ranges.lend(self._name, here, after) as stream:
+                sample = read_full_sample(
+                    stream, self._url, ordinal, self._offsets, self._limit, self._previous
+                )
+        self._previous = sample["__key__"]
+        return sample
+
+    def _load(self) -> memoryview:
+        """The piece's bytes (empty when they could not all be read: samples then go through
+        the full reader, which reports what is wrong)."""
+        begin, end = self._begin, int(self._offsets[self._stop])
+        if self._map:
+            view = self._ranges.view(self._name, begin, end, alone=end - begin > COPY_MAX_BYTES)
+            if view is not None:
+                return view
+        with self._ranges.lend(self._name, begin, end) as stream:
+            buffer = np.empty(end - begin, np.uint8)  # not zeroed: readinto fills it
+            if cast(Any, stream).readinto(buffer) == end - begin:
+                return memoryview(cast(Any, buffer))
+        return memoryview(b"")

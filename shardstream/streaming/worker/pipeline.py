@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from shardstream.errors import DecodeError
-from shardstream.storage.retry import retries_in_process
+from shardstream.storage.remote.retry import retries_in_process
 from shardstream.streaming.planning.schedule import PassPlan, steps_of_worker
 from shardstream.streaming.planning.windows import StreamId
 from shardstream.streaming.worker.cursor import StreamCursor

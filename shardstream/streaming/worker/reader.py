@@ -1,8 +1,9 @@
 """One worker's shard reader: open a run of samples of any shard, with its caches and limits.
 
 A DataLoader worker makes one :class:`ShardReader` per pass. It holds what the worker keeps
-between pieces (indexes, walked offsets, idle local file handles; see :mod:`.handles`) and the
-read settings, so the rest of the worker asks only for ``open(shard, first, stop)``.
+between pieces (indexes and walked offsets, see :mod:`.indexes`; each store's byte ranges, see
+:meth:`shardstream.storage.Store.ranges`) and the read settings, so the rest of the worker asks
+only for ``open(shard, first, stop)``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from shardstream.catalog.shardlist import ShardList, ShardSpec
 from shardstream.errors import ShardFormatError, StorageError
 from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
-from shardstream.storage import hints
-from shardstream.streaming.worker.handles import HandlePool, IndexCache, OffsetIndex
-from shardstream.streaming.worker.pieces import read_piece
+from shardstream.streaming.worker.indexes import IndexCache, OffsetIndex
+from shardstream.streaming.worker.pieces import open_piece
 
 __all__ = ["ReadSettings", "ShardReader", "WorkerStats"]
 
@@ -80,7 +80,7 @@ class ShardReader:
         self.shards, self.settings = shards, settings
         self.stats = stats if stats is not None else WorkerStats()
         idle = settings.max_idle_handles
-        self._pools = [HandlePool(source.shards, max_idle=idle) for source in shards.sources]
+        self._ranges = [source.shards.ranges(max_idle=idle) for source in shards.sources]
         self._indexes = [
             IndexCache.shared(source.indexes, settings.max_indexes) for source in shards.sources
         ]
@@ -89,12 +89,12 @@ class ShardReader:
         self._specs: dict[int, ShardSpec] = {}  # recent shards' specs (a piece asks twice)
         self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
         self._max_specs = settings.max_indexes
-        self._remote = not all(source.shards.is_local for source in shards.sources)
+        self._announces = any(ranges.announces for ranges in self._ranges)
 
     @property
-    def remote(self) -> bool:
-        """True when some shards are on an object store (announced pieces are fetched ahead)."""
-        return self._remote
+    def announces(self) -> bool:
+        """True when announced pieces are fetched ahead (some shards are on an object store)."""
+        return self._announces
 
     def _spec(self, shard: int) -> ShardSpec:
         spec = self._specs.get(shard)
@@ -132,13 +132,13 @@ class ShardReader:
         ``ReadOptions.prefetch_bytes`` (see :meth:`Store.prefetch`); ``group`` (one per
         stream cursor) replaces its earlier announcements. A no-op for local shards.
         """
-        if not self._remote:
+        if not self._announces:
             return
         wanted = []
         for shard, first, stop in pieces:
             spec = self._spec(shard)
             source = self.shards.sources[spec.store_index]
-            if source.selection is None and not source.shards.is_local:
+            if source.selection is None and self._ranges[spec.store_index].announces:
                 wanted.append((spec, first, stop))  # views read runs of kept samples
         self._preload_indexes([spec for spec, _, _ in wanted])
         ranges: dict[int, list[tuple[str, int, int]]] = {}
@@ -152,7 +152,7 @@ class ShardReader:
                 piece = (spec.name, int(offsets[first]), int(offsets[end]))
                 ranges.setdefault(spec.store_index, []).append(piece)
         for number, announced in ranges.items():
-            self.shards.sources[number].shards.prefetch(announced, group)
+            self._ranges[number].announce(announced, group)
 
     def _preload_indexes(self, specs: Sequence[ShardSpec]) -> None:
         """Load the indexes of ``specs`` that are not cached yet, all at once per store."""
@@ -167,7 +167,9 @@ class ShardReader:
 
     def forget(self, group: Hashable) -> None:
         """Drop what :meth:`prefetch` announced for ``group`` (closing streams not taken)."""
-        hints.forget(group)
+        for ranges in self._ranges:
+            if ranges.announces:
+                ranges.forget(group)
 
     def index(self, shard: int) -> ShardIndex | None:
         """Shard number ``shard``'s index (offsets, key hashes), or None when it has none."""
@@ -194,12 +196,12 @@ class ShardReader:
         if offsets is not None:
             end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
             self.stats.bytes_read += int(offsets[end]) - int(offsets[min(first, end)])
-        pool = self._pools[spec.store_index]
+        ranges = self._ranges[spec.store_index]
         url = self._urls.get(spec.name)
         if url is None:
-            url = self._urls[spec.name] = pool.store.shown(spec.name)
-        return read_piece(
-            pool, spec.name, first, stop, self._walked, offsets, settings.max_member_bytes,
+            url = self._urls[spec.name] = ranges.store.shown(spec.name)
+        return open_piece(
+            ranges, spec.name, first, stop, self._walked, offsets, settings.max_member_bytes,
             settings.memory_map, url,
         )  # fmt: skip
 
@@ -255,9 +257,10 @@ class ShardReader:
                 yield from itertools.repeat(None, count - produced)
 
     def close(self) -> None:
-        """Close every idle handle (handles still lent are closed when given back)."""
-        for pool in self._pools:
-            pool.close()
+        """Close every idle handle and drop the maps (handles still lent are closed when given
+        back)."""
+        for ranges in self._ranges:
+            ranges.close()
 
 
 def _tagged(samples: Iterator[Any], stream: int) -> Iterator[Any]:

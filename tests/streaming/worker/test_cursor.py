@@ -20,7 +20,7 @@ REMOTE = choose_order(DatasetFacts(indexed=True, local=False, mean_sample_bytes=
 class RecordingReader:
     """Runs of ``(shard, ordinal)`` samples; records what is announced and what is opened."""
 
-    remote = True
+    announces = True
 
     def __init__(self) -> None:
         self.announced: list[tuple[int, int, int]] = []
@@ -82,7 +82,7 @@ def test_a_contiguous_read_announces_once_per_window() -> None:
 
 def test_local_shards_announce_nothing() -> None:
     cursor, reader, _ = _cursor()
-    reader.remote = False  # type: ignore[misc]
+    reader.announces = False
     calls = []
     reader.prefetch = lambda pieces, group: calls.append(pieces)  # type: ignore[method-assign]
     assert len(list(cursor.read(100, 400))) == 300

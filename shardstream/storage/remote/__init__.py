@@ -1,0 +1,1 @@
+"""Reading remote objects: ranged requests, retries, spans in flight, announcements, buffers."""

@@ -1,0 +1,299 @@
+"""A resilient sequential stream over a remote object: retries, resume at offset, read-ahead.
+
+Three small pieces, composed by :func:`shardstream.storage.remote.open_remote`:
+
+- :class:`ChunkFetcher` pulls the object in order from a ``RangeSource`` (one long ranged GET on
+  S3), retrying failures and resuming at the exact byte offset already fetched, so a break in
+  the middle of a shard neither loses nor repeats a byte.
+- :class:`~.readahead.ReadAhead` runs a fetcher in a daemon thread that keeps at most
+  ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
+- :class:`RemoteStream` is the read-only file object handed to callers (``tarfile`` in stream
+  mode, ``read_bytes``...); it counts the bytes it delivered.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from typing import Any, Protocol
+
+from shardstream.errors import StorageError
+from shardstream.storage.remote.buffers import recycle
+from shardstream.storage.remote.retry import Retrier, ShortReadError
+
+__all__ = [
+    "Chunk",
+    "ChunkFetcher",
+    "ChunkSource",
+    "RangeBody",
+    "RangeSource",
+    "RemoteStream",
+]
+
+logger = logging.getLogger("shardstream.storage")
+
+#: A forward seek up to this far reads and drops the bytes in between (cheaper than a new
+#: request's first-byte latency); a longer one starts a new ranged request at the target. Kept
+#: short: responses are read whole and connections reused, so a new request costs a round trip.
+_SKIP_BY_READING_BYTES = 2**20
+#: What sources hand out: ``bytes``, a ``bytearray`` filled in place (no extra copy), or a view
+#: of a reused receive buffer (:mod:`shardstream.storage.remote.buffers`).
+Chunk = bytes | bytearray | memoryview
+
+
+class RangeBody(Protocol):
+    """An open response body: ``read_chunk(n)`` returns up to ``n`` bytes, ``b""`` at its end."""
+
+    def read_chunk(self, num_bytes: int) -> Chunk: ...
+    def close(self) -> None: ...
+
+
+class RangeSource(Protocol):
+    """Opens an object's bytes ``[offset, end)`` for sequential reading (one ranged GET).
+
+    A source may learn the object's size from its responses and publish it as ``total_size``
+    (S3's ``Content-Range``), which saves a HEAD request per open.
+    """
+
+    def open_body(self, offset: int, end: int) -> RangeBody: ...
+
+
+class ChunkSource(Protocol):
+    """Anything that yields an object's bytes in order: ``next_chunk()`` is ``None`` at EOF."""
+
+    def next_chunk(self) -> Chunk | None: ...
+    def seek(self, offset: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class ChunkFetcher:
+    """Fetches an object in order, retrying and resuming at the offset reached.
+
+    Bytes come from ranged requests whose length starts at ``first_span_bytes`` and doubles up
+    to ``max_span_bytes``: a caller that reads only a short piece of a shard wastes little
+    transfer, while a whole-shard read quickly settles on a few long requests.
+
+    Args:
+        source: Opens bodies for byte ranges.
+        size: Bytes to read up to (object size, or the end of the wanted range); ``None`` when
+            unknown until the first response tells the source's ``total_size``.
+        chunk_bytes: Bytes returned per ``next_chunk()`` (the last one may be shorter).
+        retrier: Counts failures, sleeps between tries, raises when the budget is spent.
+        first_span_bytes: Length of the first ranged request after an open or a seek.
+        max_span_bytes: Longest ranged request.
+        start: Offset of the first byte fetched.
+        limit: Never fetch at or past this offset (the end of a ranged read), or ``None``.
+
+    Attributes:
+        next_span_bytes: Length of the next ranged request (set it to start an open smaller).
+    """
+
+    def __init__(
+        self,
+        source: RangeSource,
+        size: int | None,
+        chunk_bytes: int,
+        retrier: Retrier,
+        first_span_bytes: int = 2**20,
+        max_span_bytes: int = 64 * 2**20,
+        start: int = 0,
+        limit: int | None = None,
+    ) -> None:
+        self.source, self.size, self.chunk_bytes, self.retrier = source, size, chunk_bytes, retrier
+        self.first_span_bytes, self.max_span_bytes = first_span_bytes, max_span_bytes
+        self.limit = limit
+        self.offset = start
+        self.next_span_bytes = first_span_bytes
+        self._body: RangeBody | None = None
+        self._body_end = 0
+
+    def seek(self, offset: int) -> None:
+        """Continue from ``offset`` (drops the open response)."""
+        self._close_body()
+        self.offset = max(0, offset if self.size is None else min(offset, self.size))
+        self.next_span_bytes = self.first_span_bytes
+
+    def _open_body(self) -> RangeBody:
+        end = self.offset + self.next_span_bytes
+        if self.size is not None:
+            end = min(self.size, end)
+        body = self.source.open_body(self.offset, end)
+        total = getattr(self.source, "total_size", None)
+        if total is not None:  # learnt from the response: the object may be shorter than asked
+            self.size = total if self.limit is None else min(total, self.limit)
+            end = min(end, self.size)
+        self._body, self._body_end = body, end
+        # Double, but never below first_span_bytes: a short opening peek is not a read pattern.
+        doubled = max(2 * self.next_span_bytes, self.first_span_bytes)
+        self.next_span_bytes = min(self.max_span_bytes, doubled)
+        return body
+
+    def next_chunk(self) -> Chunk | None:
+        """The next chunk of the object, or ``None`` at its end (or once stopped)."""
+        while self.size is None or self.offset < self.size:
+            if self.retrier.stop.is_set():
+                return None
+            try:
+                body = self._body or self._open_body()
+                if self.offset >= self._body_end:  # the object ends before the wanted range
+                    self._close_body()
+                    return None
+                chunk = body.read_chunk(min(self.chunk_bytes, self._body_end - self.offset))
+                if not chunk:
+                    raise ShortReadError(
+                        f"response body ended at byte {self.offset}, expected bytes up to "
+                        f"{self._body_end}"
+                    )
+            except Exception as exc:  # classified by the retrier: retry, or raise clearly
+                self._close_body()
+                self.retrier.failed(exc, self.offset, self.size)
+                continue
+            self.retrier.succeeded()
+            self.offset += len(chunk)
+            if self.offset >= self._body_end:
+                self._close_body()
+            return chunk
+        self._close_body()
+        return None
+
+    def _close_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            try:
+                body.close()
+            except Exception as exc:  # a broken connection may fail to close; nothing to do
+                logger.debug("closing a response body failed: %r", exc)
+
+    def close(self) -> None:
+        """Drop the open response, if any."""
+        self.retrier.stop.set()
+        self._close_body()
+
+
+class RemoteStream(io.RawIOBase):
+    """Read-only, non-seekable file object over a :class:`ChunkSource`.
+
+    ``read(n)`` returns exactly ``n`` bytes unless the object ends first, like a buffered
+    file, so ``tarfile.open(fileobj=..., mode="r|*")`` and ``read()`` both work.
+
+    Attributes:
+        url: The object (redacted), for messages.
+        size: Object size in bytes (the end of the range, for a ranged read).
+    """
+
+    def __init__(
+        self, chunks: ChunkSource, url: str, size: int, start: int = 0, head: Chunk = b""
+    ) -> None:
+        super().__init__()
+        self._chunks, self.url, self.size = chunks, url, size
+        self._chunk: Chunk | None = head  # the chunk being read (handed back once read)
+        self._current = memoryview(head)  # its bytes not read yet (first: the opening GET's)
+        self._offset = start
+        self._eof = False
+        self._pid = os.getpid()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        """The offset of the next byte :meth:`read` returns."""
+        return self._offset
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to a byte offset; short forward hops read on, longer jumps start a new request."""
+        if self.closed:
+            raise ValueError(f"{self.url}: seek on a closed stream")
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._offset, io.SEEK_END: self.size}[whence]
+        target = min(base + offset, self.size)
+        if target < 0:
+            raise ValueError(f"{self.url}: cannot seek to negative offset {target}")
+        distance = target - self._offset
+        if 0 <= distance <= max(len(self._current), _SKIP_BY_READING_BYTES):
+            while distance > 0:
+                skipped = len(self.read(min(distance, 2**20)))
+                if not skipped:
+                    break
+                distance -= skipped
+            return self._offset
+        self._chunks.seek(target)
+        self._drop_chunk()
+        self._offset, self._eof = target, False
+        return target
+
+    @property
+    def chunk_source(self) -> ChunkSource:
+        """Where the chunks come from: a ``ReadAhead`` when reading ahead (for tests, stats)."""
+        return self._chunks
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        if os.getpid() != self._pid:
+            raise StorageError(
+                f"{self.url}: a stream opened in process {self._pid} was read in process "
+                f"{os.getpid()}. Open shards inside each DataLoader worker, not before forking."
+            )
+        self._drop_chunk()
+        chunk = self._chunks.next_chunk()
+        if chunk is None:
+            self._eof = True
+            return False
+        self._chunk, self._current = chunk, memoryview(chunk)
+        return True
+
+    def _drop_chunk(self) -> None:
+        """Forget the current chunk; its receive buffer is reused if nobody else sees it."""
+        self._current = memoryview(b"")
+        recycle(self._take_chunk())
+
+    def _take_chunk(self) -> Chunk | None:
+        chunk, self._chunk = self._chunk, None
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError(f"{self.url}: read from a closed stream")
+        target = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(target):
+            if not self._current and not self._fill():
+                break
+            count = min(len(target) - filled, len(self._current))
+            target[filled : filled + count] = self._current[:count]
+            self._current = self._current[count:]
+            filled += count
+        self._offset += filled
+        return filled
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if self.closed:
+            raise ValueError(f"{self.url}: read from a closed stream")
+        parts: list[bytes] = []
+        wanted = size
+        while wanted > 0 and (self._current or self._fill()):
+            parts.append(self._current[:wanted].tobytes())  # no view left behind: see _fill
+            self._current = self._current[len(parts[-1]) :]
+            wanted -= len(parts[-1])
+        data = b"".join(parts)
+        self._offset += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            data = self.read(8 * 2**20)
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._chunks.close()
+            self._drop_chunk()
+        super().close()

@@ -1,0 +1,137 @@
+"""Every store read as S3 is: exact epochs under faults and latency, resume, random access,
+indexes read once per shard across epochs, the command line."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+
+from shardstream import RandomAccessDataset
+from shardstream.cli import main
+from shardstream.storage import ReadOptions, Store
+from shardstream.storage.processlocal import ProcessLocal
+from shardstream.storage.remote import hints, prefetch
+from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from tests.stores.conftest import StoreUnderTest
+from tests.streaming.conformance import assert_loader_resumes
+from tests.streaming.shards import make_dataset
+from tests.streaming.test_random_access import check_random_access
+
+FAST = ReadOptions(max_attempts=5, backoff_s=0.01, max_backoff_s=0.05, timeout_s=2.0)
+
+
+def _published(store: StoreUnderTest, tmp_path: pathlib.Path, num_samples: int = 120) -> str:
+    folder, _ = make_dataset(tmp_path, num_samples, 15, num_classes=6)
+    return store.put(folder, f"ds-{tmp_path.name}")
+
+
+def _epoch(url: str, options: dict[str, Any], workers: int = 2, **stream: Any) -> list[Any]:
+    dataset = StreamingDataset(url, decode="raw", batch_size=8, seed=1, options=StreamOptions(
+        output="dict", storage_options=options, read_options=FAST, **stream))  # fmt: skip
+    loader = StreamingDataLoader(dataset, num_workers=workers)
+    return [(key, bytes(image)) for batch in loader
+            for key, image in zip(batch["__key__"], batch["image"], strict=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.03], ids=["", "30ms-first-byte"])
+def test_every_epoch_is_exact_under_faults(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, delay_s: float
+) -> None:
+    url = _published(any_store, tmp_path)
+    local = {key: image for key, image in _epoch(str(tmp_path / "ds-120-15-6-1"), {}, 0)}
+    proxy = any_store.proxy
+    proxy.delay_s = delay_s
+    expected = _epoch(url, any_store.options, piece_size=4, chunk_size=8)
+    assert sorted(expected) == sorted(local.items())
+    proxy.clear()
+    proxy.delay_s = delay_s
+    rules = [
+        proxy.add(method="GET", path_contains=".tar", nth=2, action="reset", after_bytes=3000),
+        proxy.add(method="GET", path_contains=".tar", nth=5, action="cut", after_bytes=5000),
+        proxy.add(method="GET", path_contains=".tar", nth=8, action="503"),
+        proxy.add(method="GET", path_contains=".idx", nth=1, action="503"),
+    ]
+    assert _epoch(url, any_store.options, piece_size=4, chunk_size=8) == expected
+    assert all(rule.hits == 1 for rule in rules), [rule.hits for rule in rules]
+
+
+def test_resume_mid_epoch_and_at_its_end(any_store: StoreUnderTest, tmp_path: pathlib.Path) -> None:
+    url = _published(any_store, tmp_path, 90)
+
+    def make() -> StreamingDataLoader:
+        options = StreamOptions(output="dict", storage_options=any_store.options,
+                                read_options=FAST, piece_size=4, chunk_size=8)  # fmt: skip
+        dataset = StreamingDataset(url, decode="raw", batch_size=6, seed=4, options=options)
+        return StreamingDataLoader(dataset, num_workers=2)
+
+    assert_loader_resumes(make, key=lambda batch: tuple(batch["__key__"]))
+
+
+def test_random_access_by_position_and_key(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path
+) -> None:
+    url = _published(any_store, tmp_path)
+    check_random_access(url, storage_options=any_store.options, read_options=FAST)
+    ds = RandomAccessDataset(url, decode="raw", options=StreamOptions(
+        output="dict", storage_options=any_store.options))  # fmt: skip
+    assert ds.by_key("s000077")["__key__"] == "s000077"
+
+
+def test_indexes_are_read_once_per_shard_across_epochs(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path
+) -> None:
+    url = _published(any_store, tmp_path)
+    options = StreamOptions(output="dict", storage_options=any_store.options, piece_size=4,
+                            chunk_size=8)  # fmt: skip
+    dataset = StreamingDataset(url, decode="raw", batch_size=8, seed=2, options=options)
+    loader = StreamingDataLoader(dataset, num_workers=2, persistent_workers=True)
+    any_store.proxy.clear()
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        assert sum(len(batch["__key__"]) for batch in loader) == 120
+    shards = 8
+    index_gets = any_store.proxy.count("GET", ".idx")
+    assert 0 < index_gets <= 2 * shards, f"{index_gets} index GETs for {shards} shards"
+
+
+def test_inspect_and_verify_name_the_store(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = _published(any_store, tmp_path)
+    flags = [arg for key, value in any_store.options.items() if isinstance(value, str)
+             for arg in ("--storage-option", f"{key}={value}")]  # fmt: skip
+    assert main(["inspect", url, *flags]) == 0
+    assert main(["verify", url, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "120 samples in 8 shards" in out and "OK, 8 shards, 120 samples" in out
+
+
+def test_requests_in_flight_follow_the_first_byte_latency(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Announced pieces are fetched ahead by the pool, as many at once as the latency asks."""
+    monkeypatch.setattr(prefetch, "_pool", ProcessLocal(lambda: prefetch.FetchPool(1)))
+    monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
+    piece, count = 128 << 10, 48
+    folder = tmp_path / "blob"
+    folder.mkdir()
+    blob = bytes(range(256)) * (piece * count // 256)
+    (folder / "shard.tar").write_bytes(blob)
+    url = any_store.put(folder, f"latency-{tmp_path.name}")
+    any_store.proxy.delay_s = 0.05
+    options = ReadOptions(min_requests=2, max_requests=12, prefetch_bytes=piece * count)
+    store = Store(url, any_store.options, options)
+    ranges = [("shard.tar", n * piece, (n + 1) * piece) for n in range(count)]
+    store.prefetch(ranges, "group")
+    pieces = []
+    for name, start, end in ranges:
+        with store.open_read(name, start, end) as stream:
+            pieces.append(stream.read())
+    hints.forget("group")
+    assert b"".join(pieces) == blob
+    pool = prefetch.shared_pool(1)
+    assert pool.gauge.num_measured > 0 and pool.gauge.first_byte_s >= 0.05
+    assert pool.wanted_threads == 12, "a 50 ms first byte calls for the most requests"
+    assert 3 <= any_store.proxy.max_in_flight <= 13
