@@ -9,6 +9,7 @@ memory and stop with the test session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -84,18 +85,35 @@ def fake_gcs_server() -> Iterator[str]:
 
 
 def azurite_executable() -> pathlib.Path:
-    """``azurite-blob`` installed with npm (installed now when missing)."""
+    """``azurite-blob`` installed with npm (installed now when missing).
+
+    npm writes into a fresh folder that is renamed into place only when the install finished,
+    so an interrupted or concurrent install never leaves a folder that looks installed but
+    misses modules (Azurite then exits at start with MODULE_NOT_FOUND).
+    """
     folder = pathlib.Path(os.environ.get("SHARDSTREAM_AZURITE_DIR", REPOSITORY / ".cache/azurite"))
     executable = folder / "node_modules" / ".bin" / "azurite-blob"
-    if not executable.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            raise RuntimeError("the Azure tests need node and npm (to install Azurite)")
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder),
-                        f"azurite@{AZURITE_VERSION}"], check=True, capture_output=True,
-                       timeout=600)  # fmt: skip
+    if (folder / _INSTALLED).exists():
+        return executable
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError("the Azure tests need node and npm (to install Azurite)")
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(partial),
+                    f"azurite@{AZURITE_VERSION}"], check=True, capture_output=True,
+                   timeout=600)  # fmt: skip
+    (partial / _INSTALLED).write_text(AZURITE_VERSION)
+    if not (folder / _INSTALLED).exists():
+        shutil.rmtree(folder, ignore_errors=True)  # an install from before this check
+        with contextlib.suppress(OSError):  # another process finished first: use its install
+            partial.rename(folder)
+    shutil.rmtree(partial, ignore_errors=True)
     return executable
+
+
+_INSTALLED = ".installed"
 
 
 @contextmanager
