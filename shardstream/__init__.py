@@ -38,12 +38,18 @@ from shardstream.storage import ReadOptions, Store
 if TYPE_CHECKING:
     from shardstream.catalog import (
         IndexOptions,
+        exclude_samples,
         index_shards,
         make_view,
         merge_partitions,
         split_dataset,
     )
-    from shardstream.shardwriter import BuildOptions, build_shards, write_partition
+    from shardstream.shardwriter import (
+        BuildOptions,
+        build_shards,
+        compact_dataset,
+        write_partition,
+    )
     from shardstream.streaming import (
         GpuDecode,
         RandomAccessDataset,
@@ -86,6 +92,8 @@ __all__ = [
     "__version__",
     "build_shards",
     "check_position",
+    "compact_dataset",
+    "exclude_samples",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -97,6 +105,8 @@ __all__ = [
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
     "build_shards": "shardstream.shardwriter",
+    "compact_dataset": "shardstream.shardwriter",
+    "exclude_samples": "shardstream.catalog",
     "IndexOptions": "shardstream.catalog",
     "index_shards": "shardstream.catalog",
     "make_view": "shardstream.catalog",

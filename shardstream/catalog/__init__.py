@@ -8,7 +8,10 @@
 - ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
 - ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;
 - ``partitions.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
-- ``versions.py``: versioned manifests of a dataset that grows;
+- ``versions.py``: versioned manifests of a dataset that grows (``unlisted.py``: the shard
+  files only pruned versions list);
+- ``exclude.py``: :func:`exclude_samples`, a version that leaves samples out, in place
+  (``locate.py``: named samples to their shards and positions);
 - ``execute.py``: runs index and build tasks on processes or any executor.
 
 The catalog imports storage and format only; the writer and the streaming side import it.
@@ -25,6 +28,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shardstream.catalog.exclude import exclude_samples
     from shardstream.catalog.facts import DatasetFacts
     from shardstream.catalog.indexer import IndexOptions, index_shards
     from shardstream.catalog.partitions import merge_partitions
@@ -45,6 +49,7 @@ __all__ = [
     "ShardSource",
     "ShardSpec",
     "Source",
+    "exclude_samples",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -54,6 +59,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "exclude_samples": "shardstream.catalog.exclude",
     "DatasetFacts": "shardstream.catalog.facts",
     "IndexOptions": "shardstream.catalog.indexer",
     "ShardList": "shardstream.catalog.shardlist",

@@ -104,6 +104,7 @@ def make_view(
             "source_version": manifest.version,
             "select": selection.as_dict(keys_file),
         },
+        exclusions=manifest.exclusions,
     )
     write_manifest(target, view)
     return view
@@ -165,6 +166,8 @@ def _kept_counts(
                 "`shardstream index --overwrite` on the dataset first"
             )
         kept = selection.keep(index.key_hashes)
+        if manifest.exclusions is not None:  # the version's excluded samples stay out
+            kept[manifest.exclusions.positions(number)] = False
         if by_keys:
             found.update(index.key_hashes[kept].tolist())  # the pool's threads share the GIL
         return int(kept.sum())

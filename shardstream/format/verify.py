@@ -73,15 +73,21 @@ def find_problems(
         bool(settings.get("indexed", False)),
     )
     problems: list[str] = []
+    excluded = manifest.exclusions
     for number, shard in enumerate(manifest.shards, start=1):
-        problems.extend(check_shard(where.shards, shard, where))
+        positions = None if excluded is None else excluded.positions(number - 1)
+        problems.extend(check_shard(where.shards, shard, where, positions))
         if progress is not None:
             progress(number)
     return problems
 
 
-def check_shard(dataset: Store, shard: ShardInfo, where: _Where | None = None) -> list[str]:
-    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
+def check_shard(
+    dataset: Store, shard: ShardInfo, where: _Where | None = None,
+    excluded: np.ndarray | None = None,
+) -> list[str]:  # fmt: skip
+    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index);
+    ``excluded``: the stored positions the version leaves out (not counted in the manifest)."""
     where = where or _Where(dataset, dataset, None, False, False)
     try:
         with dataset.open_read(shard.name) as stream:
@@ -105,9 +111,14 @@ def check_shard(dataset: Store, shard: ShardInfo, where: _Where | None = None) -
         )
     if shard.sha256 is not None and scan.sha256 != shard.sha256:
         problems.append(f"{shard.name}: sha256 expected {shard.sha256}, found {scan.sha256}")
-    found = scan.num_samples
+    kept = np.ones(scan.num_samples, dtype=bool)
     if where.selection is not None:
-        found = int(where.selection.keep(np.asarray(scan.key_hashes, np.int64)).sum())
+        kept = where.selection.keep(np.asarray(scan.key_hashes, np.int64))
+    if excluded is not None and len(excluded):
+        if int(excluded[-1]) >= scan.num_samples:
+            problems.append(f"{shard.name}: excludes sample {int(excluded[-1])}, beyond its end")
+        kept[excluded[excluded < scan.num_samples]] = False
+    found = int(kept.sum())
     if found != shard.num_samples:
         problems.append(f"{shard.name}: samples expected {shard.num_samples}, found {found}")
     return problems
