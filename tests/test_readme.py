@@ -51,6 +51,7 @@ SETUP = [
     ('manifest = build_shards("data/train", "shards/train"',
      'import shutil; shutil.rmtree("shards/train")  # the CLI block built it with other limits'),
     ("--keys hard_keys.txt", "printf 'class_00/img_00000\\nclass_01/img_00004\\n' > hard_keys.txt"),
+    ("shardstream dups shards/train shards/val  ", "shardstream build data/train shards/val -q"),
     ("--keys takedown.txt", "printf 'class_00/img_00000\\n' > takedown.txt; echo 3 > bad.txt"),
     ('transform=train_transform, decode="cuda")',  # on a machine without CUDA: the CPU path
      "MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)\n"

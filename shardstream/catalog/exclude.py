@@ -26,7 +26,7 @@ from shardstream._version import __version__
 from shardstream.catalog.locate import match_keys, positions_to_places, shard_numbers
 from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError
-from shardstream.format.exclusions import Exclusions
+from shardstream.format.exclusions import Exclusions, is_in, sorted_unique
 from shardstream.format.keys import key_hash
 from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.format.shardtable import ShardTable
@@ -121,7 +121,7 @@ class _Request:
         digest = hashlib.sha256()
         self.positions = self.keys = self.pairs = None
         if positions is not None:
-            self.positions = np.unique(np.asarray(positions, dtype=np.int64))
+            self.positions = sorted_unique(np.asarray(positions, dtype=np.int64))
             digest.update(b"positions\0" + self.positions.tobytes())
         elif keys is not None:
             self.keys = sorted(set(keys))
@@ -137,18 +137,17 @@ class _Request:
         if self.positions is not None:
             return positions_to_places(base, self.positions)
         if self.keys is not None:
-            wanted = np.unique(np.fromiter(map(key_hash, self.keys), np.int64, len(self.keys)))
+            wanted = sorted_unique(np.fromiter(map(key_hash, self.keys), np.int64, len(self.keys)))
             numbers = np.arange(len(base.shards))
-            places, found = match_keys(store, base, numbers, lambda _: wanted, progress)
+            places, found = match_keys(store, base, numbers, wanted, None, progress)
             _log_missing(store, self.keys, found)
             return places
         pairs = self.pairs or []
         shards = shard_numbers(base.shards.names, [shard for shard, _ in pairs], store)
         hashes = np.fromiter((key_hash(key) for _, key in pairs), np.int64, len(pairs))
         order = np.argsort(shards, kind="stable")
-        numbers, starts = np.unique(shards[order], return_index=True)
-        groups = np.split(hashes[order], starts[1:])
-        places, found = match_keys(store, base, numbers, groups.__getitem__, progress)
+        shards, hashes = shards[order], hashes[order]
+        places, found = match_keys(store, base, sorted_unique(shards), hashes, shards, progress)
         _log_missing(store, [key for _, key in pairs], found)
         return places
 
@@ -166,10 +165,9 @@ def _log_missing(store: Store, keys: list[str], found: set[int]) -> None:
 def _publish(store: Store, base: Manifest, places: np.ndarray, request: str) -> Manifest:
     """Publish the next version with ``places`` excluded too (nothing when there are none)."""
     version = base.version + 1
+    if base.exclusions is not None:  # excluded already: keeps the version that excluded it
+        places = places[~is_in(places, base.exclusions.places)]
     new = Exclusions(places, np.full(len(places), version, np.uint32))
-    if base.exclusions is not None:
-        new = Exclusions(np.setdiff1d(places, base.exclusions.places), new.versions)
-        new = Exclusions(new.places, np.full(len(new.places), version, np.uint32))
     if not len(new):
         logger.warning("%s: nothing to exclude; no version published", store.shown())
         return base

@@ -51,8 +51,9 @@ class IndexOptions:
 
     Attributes:
         workers: Parallel processes (ignored with an executor, which bounds itself).
-        checksum: Compute every shard's sha256 (reads every byte; without it a local shard's
-            member data is skipped over and ``verify`` cannot check bytes).
+        checksum: Compute every shard's sha256 and every sample's content digest (reads every
+            byte; without it a local shard's member data is skipped over, ``verify`` cannot
+            check bytes and ``dups`` has no digests to compare).
         allow_extra_members: Accept file members that belong to no sample (names without an
             extension, dotfiles, ``__MACOSX/``...), which shardstream skips but other readers
             may not. Directories and links are always accepted: every reader skips them.
@@ -88,7 +89,7 @@ def _index_task(task: _Task) -> dict[str, Any]:
         index = None
         if scan.offsets is not None and not scan.problems:
             index = index_name(name)
-            _write_index(task.dest, index, scan.offsets, scan.key_hashes)
+            _write_index(task.dest, index, scan.offsets, scan.key_hashes, scan.digests)
         entry = {
             "name": name, "num_samples": scan.num_samples, "num_bytes": scan.num_bytes,
             "sha256": scan.sha256, "index": index, "first_key": scan.first_key,
@@ -102,7 +103,9 @@ def _index_task(task: _Task) -> dict[str, Any]:
     return record
 
 
-def _write_index(dest: Store, name: str, offsets: Sequence[int], keys: Sequence[int]) -> None:
+def _write_index(
+    dest: Store, name: str, offsets: Sequence[int], keys: Sequence[int], digests: bytes | None
+) -> None:
     """Write an index, refusing to replace a file that is not a shardstream index (DALI's...)."""
     if dest.exists(name):
         try:
@@ -113,7 +116,7 @@ def _write_index(dest: Store, name: str, offsets: Sequence[int], keys: Sequence[
                 "write the metadata elsewhere: index SOURCE DEST"
             ) from error
     with dest.open_atomic_write(name) as stream:
-        stream.write(encode_offsets(offsets, keys))
+        stream.write(encode_offsets(offsets, keys, digests))
 
 
 ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]

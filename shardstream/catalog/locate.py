@@ -8,22 +8,23 @@ position; these functions turn each into places, reading only the indexes they n
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from collections.abc import Callable
 
 import numpy as np
 
-from shardstream.errors import ConfigError
-from shardstream.format.exclusions import Exclusions
+from shardstream.errors import ConfigError, ShardFormatError
+from shardstream.format.exclusions import Exclusions, is_in, sorted_unique
 from shardstream.format.manifest import Manifest
 from shardstream.format.roots import root_store
-from shardstream.format.shardindex import decode_index
+from shardstream.format.shardindex import index_key_hashes
 from shardstream.format.shardtable import NameColumn
 from shardstream.storage import Store
+from shardstream.storage.batchread import read_ranges
 
-__all__ = ["match_keys", "positions_to_places", "shard_numbers"]
+__all__ = ["match_keys", "positions_to_places", "shard_key", "shard_numbers"]
 
-_READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
+_BATCH = 256  # indexes read at once (on an object store, in flight together)
+_ODD = np.uint64(0x9E3779B97F4A7C15)
 Progress = Callable[[int, int], None]
 
 
@@ -57,43 +58,73 @@ def _template_number(name: str, prefix: str, width: int, suffix: str) -> int:
 
 
 def match_keys(
-    store: Store, base: Manifest, numbers: np.ndarray, wanted: Callable[[int], np.ndarray],
-    progress: Progress | None,
+    store: Store, base: Manifest, numbers: np.ndarray, key_hashes: np.ndarray,
+    key_shards: np.ndarray | None, progress: Progress | None,
 ) -> tuple[np.ndarray, set[int]]:  # fmt: skip
-    """The places of the samples of shards ``numbers`` whose key hashes are in ``wanted(i)``
-    (for shard ``numbers[i]``), and the hashes of the keys found."""
+    """The places of the samples of shards ``numbers`` (sorted) whose keys are wanted, and the
+    hashes of the keys found. Wanted are the sorted ``key_hashes`` in any shard, or with
+    ``key_shards`` (sorted, one per hash), each hash in its shard only. Indexes are read in
+    batches (on an object store, a batch's reads at once), and each batch is matched at once,
+    against the keys of its own shards."""
     indexes = root_store(store, base.index_root)
-    excluded = base.exclusions
+    column = base.shards.indexes
     found_hashes: set[int] = set()
-
-    def match(item: int) -> np.ndarray:
-        number = int(numbers[item])
-        shard = base.shards[number]
-        if shard.index is None:
-            raise ConfigError(
-                f"{shard.name}: has no index (a gzipped shard cannot be read by key); exclude "
-                "by position, or re-pack it as .tar and `shardstream index` the dataset"
-            )
-        index = decode_index(indexes.read_bytes(shard.index), indexes.shown(shard.index))
-        if index.key_hashes is None:
-            raise ConfigError(
-                f"{indexes.shown(shard.index)}: has no key hashes (an older build); run "
-                "`shardstream index --overwrite` on the dataset first, or exclude by position"
-            )
-        hits = np.flatnonzero(np.isin(index.key_hashes, wanted(item)))
-        found_hashes.update(index.key_hashes[hits].tolist())
-        if excluded is not None and len(hits):
-            hits = hits[~np.isin(hits, excluded.positions(number))]
-        return (np.int64(number) << np.int64(32)) | hits.astype(np.int64)
-
     parts = []
-    with cf.ThreadPoolExecutor(_READERS) as pool:
-        for done, places in enumerate(pool.map(match, range(len(numbers))), start=1):
-            parts.append(places)
-            if progress is not None:
-                progress(done, len(numbers))
-    places = np.concatenate(parts) if parts else np.empty(0, np.int64)
-    return np.sort(places), found_hashes
+    for first in range(0, len(numbers), _BATCH):
+        batch = numbers[first : first + _BATCH]
+        names = [_index_of(base, column, number) for number in batch.tolist()]
+        found = read_ranges(indexes, [(name, None) for name in names])
+        hashes = [_key_hashes(indexes, name, data) for name, data in zip(names, found, strict=True)]
+        sizes = np.array([len(item) for item in hashes], np.int64)
+        shards = np.repeat(batch.astype(np.int64), sizes)
+        every = np.concatenate(hashes) if hashes else np.empty(0, np.int64)
+        if key_shards is None:
+            hits = np.flatnonzero(is_in(every, key_hashes))
+        else:
+            low, high = np.searchsorted(key_shards, [batch[0], batch[-1] + 1])
+            mine = sorted_unique(shard_key(key_shards[low:high], key_hashes[low:high]))
+            hits = np.flatnonzero(is_in(shard_key(shards, every), mine))
+        found_hashes.update(every[hits].tolist())
+        positions = hits - np.repeat(np.cumsum(sizes) - sizes, sizes)[hits]
+        parts.append((shards[hits] << np.int64(32)) | positions)
+        if progress is not None:
+            progress(min(first + _BATCH, len(numbers)), len(numbers))
+    places = np.sort(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+    if base.exclusions is not None:  # excluded already: not again
+        places = places[~is_in(places, base.exclusions.places)]
+    return places, found_hashes
+
+
+def shard_key(shards: np.ndarray, key_hashes: np.ndarray) -> np.ndarray:
+    """One 64-bit value for a key in a shard (the key hash mixed with the shard number)."""
+    with np.errstate(over="ignore"):
+        mixed = (np.asarray(shards, np.int64).astype(np.uint64) + np.uint64(1)) * _ODD
+        return np.asarray(key_hashes, np.int64) ^ mixed.view(np.int64)
+
+
+def _key_hashes(indexes: Store, name: str, data: bytes | OSError) -> np.ndarray:
+    if isinstance(data, OSError):
+        raise data
+    try:
+        hashes = index_key_hashes(data, name)  # the URL only for a message: it costs a regex
+    except ShardFormatError as error:
+        raise ShardFormatError(str(error).replace(name, indexes.shown(name), 1)) from error
+    if hashes is None:
+        raise ConfigError(
+            f"{indexes.shown(name)}: has no key hashes (an older build); run "
+            "`shardstream index --overwrite` on the dataset first, or exclude by position"
+        )
+    return hashes
+
+
+def _index_of(base: Manifest, column: NameColumn | None, number: int) -> str:
+    name = column[number] if column is not None else ""
+    if not name:
+        raise ConfigError(
+            f"{base.shards.names[number]}: has no index (a gzipped shard cannot be read by "
+            "key); exclude by position, or re-pack it as .tar and `shardstream index` it"
+        )
+    return name
 
 
 def positions_to_places(base: Manifest, positions: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ from shardstream.cli.common import (
     plain_help,
     storage_options,
 )
+from shardstream.cli.dups import add_dups
 from shardstream.cli.exclude import add_compact, add_exclude
 from shardstream.cli.index import add_index
 from shardstream.cli.inspect import add_inspect
@@ -43,7 +44,7 @@ __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench, add_prune,
-    add_abandon, add_exclude, add_compact,
+    add_abandon, add_exclude, add_compact, add_dups,
 ]  # fmt: skip
 
 

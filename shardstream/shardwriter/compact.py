@@ -164,7 +164,7 @@ def _rewrite(store: Store, base: Manifest, number: int, version: int) -> ShardIn
         )
     index = index_name(name)  # after its shard: a shard counts as written only with its index
     with store.open_atomic_write(index) as stream:
-        stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes))
+        stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes, writer.digests))
     return ShardInfo(name, count, writer.num_bytes, writer.sha256, index)
 
 
