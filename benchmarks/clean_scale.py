@@ -159,12 +159,13 @@ root = sys.argv[1]
 started = time.perf_counter()
 report = find_duplicates([root + "/train", root + "/test"], keys_out=root + "/keys.txt")
 seconds = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the check below
 payload, other = np.load(root + "/payload.npy"), np.load(root + "/other.npy")
 rows = np.concatenate([payload, other]).view("V64").ravel()
 _, counts = np.unique(rows, return_counts=True)
 print(json.dumps({"seconds": seconds, "groups": report.groups, "expected": int((counts > 1).sum()),
                   "crossing": report.crossing_groups, "keys": report.keys_written,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": peak}))
 """
 
 
