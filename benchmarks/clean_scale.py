@@ -15,7 +15,10 @@ link to them, and a manifest listing every shard. Each row runs in a fresh proce
 - ``dups``: :func:`find_duplicates` over ``--dups-samples`` real samples (64 random bytes
   each, 1% of them copies of others, in shards of 1,000) and a second dataset of a tenth of
   that size holding 100 leaked copies: its time, peak RSS, and that it found every planted
-  group.
+  group;
+- ``attach``: :func:`attach_columns` of a Parquet table of one row per sample of that dataset
+  (key, a float, a string): its time and peak RSS; then raw samples/s read in-process from
+  the version before and the version with the fields (the cost of the fields).
 
 Usage: python benchmarks/clean_scale.py [--shards 1000000] [--per-shard 1000] [--fraction 0.01]
 """
@@ -169,6 +172,40 @@ print(json.dumps({"seconds": seconds, "groups": report.groups, "expected": int((
 """
 
 
+ATTACH_CODE = r"""
+import json, resource, sys, time
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+from shardstream.catalog.attach import attach_columns
+from shardstream.format.manifest import read_manifest
+root = sys.argv[1]
+count = read_manifest(root + "/train").num_samples
+keys = [f"t{i:08d}" for i in range(count)]
+table = pa.table({"__key__": keys, "aesthetic": np.random.default_rng(0).random(count),
+                  "caption": [f"a caption of {key}" for key in keys]})
+pq.write_table(table, root + "/fields.parquet")
+del table, keys
+started = time.perf_counter()
+manifest = attach_columns(root + "/train", root + "/fields.parquet")
+print(json.dumps({"seconds": time.perf_counter() - started, "version": manifest.version,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+READ_CODE = r"""
+import json, sys, time
+from shardstream.streaming import StreamingDataset, StreamOptions
+root, version = sys.argv[1], int(sys.argv[2])
+ds = StreamingDataset(root + "/train", decode="raw", batch_size=256, version=version,
+                      options=StreamOptions(output="dict"))
+started, samples = time.perf_counter(), 0
+for batch in ds:
+    samples += len(batch["__key__"])
+    if samples >= 300_000:
+        break
+print(json.dumps({"samples_per_s": samples / (time.perf_counter() - started),
+                  "fields": "aesthetic" in batch}))
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=1_000_000, help="0 skips exclude rows")
@@ -177,6 +214,7 @@ def main() -> None:
     parser.add_argument("--key-pairs", type=int, default=1_000_000)
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--dups-samples", type=int, default=1_000_000, help="0 skips dups")
+    parser.add_argument("--no-attach", dest="attach", action="store_false")
     parser.add_argument("--data", type=Path, default=DATA_ROOT / "clean-scale")
     args = parser.parse_args()
     if args.dups_samples:
@@ -184,6 +222,11 @@ def main() -> None:
         if not (folder / "other.npy").exists():
             run_code(DUPS_BUILD + "print(0)", folder, args.dups_samples, timeout=7200)
         print(json.dumps({"dups": run_code(DUPS_CODE, folder)}, indent=1))
+        if args.attach:
+            attach = run_code(ATTACH_CODE, folder)
+            reads = {f"read_v{v}": run_code(READ_CODE, folder, v)
+                     for v in (attach["version"] - 1, attach["version"])}  # fmt: skip
+            print(json.dumps({"attach": attach, **reads}, indent=1))
     if not args.shards:
         return
     root = args.data / f"sim-{args.shards}x{args.per_shard}"

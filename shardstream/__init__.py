@@ -38,7 +38,9 @@ from shardstream.storage import ReadOptions, Store
 if TYPE_CHECKING:
     from shardstream.catalog import (
         IndexOptions,
+        attach_columns,
         exclude_samples,
+        find_duplicates,
         index_shards,
         make_view,
         merge_partitions,
@@ -90,10 +92,12 @@ __all__ = [
     "StreamingDataLoader",
     "StreamingDataset",
     "__version__",
+    "attach_columns",
     "build_shards",
     "check_position",
     "compact_dataset",
     "exclude_samples",
+    "find_duplicates",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -104,9 +108,11 @@ __all__ = [
 
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
+    "attach_columns": "shardstream.catalog",
     "build_shards": "shardstream.shardwriter",
     "compact_dataset": "shardstream.shardwriter",
     "exclude_samples": "shardstream.catalog",
+    "find_duplicates": "shardstream.catalog",
     "IndexOptions": "shardstream.catalog",
     "index_shards": "shardstream.catalog",
     "make_view": "shardstream.catalog",

@@ -182,7 +182,7 @@ def _publish(store: Store, base: Manifest, places: np.ndarray, request: str) -> 
         shards=ShardTable(table.names, counts, table.num_bytes, table.sha256, table.indexes),
         class_names=base.class_names, settings=settings, skipped=base.skipped,
         created_by=f"shardstream {__version__} exclude", shard_root=base.shard_root,
-        index_root=base.index_root, version=version, exclusions=every,
+        index_root=base.index_root, version=version, exclusions=every, columns=base.columns,
     )  # fmt: skip
     publish_version(store, manifest)
     logger.info(

@@ -216,6 +216,7 @@ def _index(
         shard_root=root,
         version=base.version + 1 if base else 1,
         exclusions=base.exclusions if base else None,
+        columns=base.columns if base else None,
     )
     if in_place:  # timm reads shard names relative to _info.json's folder
         write_timm_info(target, manifest, split=options.split)

@@ -19,7 +19,7 @@ from shardstream.format.roots import root_store
 from shardstream.format.shardindex import index_key_hashes
 from shardstream.format.shardtable import NameColumn
 from shardstream.storage import Store
-from shardstream.storage.batchread import read_ranges
+from shardstream.storage.remote.batchread import read_ranges
 
 __all__ = ["match_keys", "positions_to_places", "shard_key", "shard_numbers"]
 

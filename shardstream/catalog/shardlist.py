@@ -137,7 +137,9 @@ def source_of(store: Store, manifest: Manifest) -> ShardSource:
     selection = view_selection(store, manifest)
     shards = root_store(store, manifest.shard_root)
     indexes = root_store(store, manifest.index_root)
-    return ShardSource(shards, indexes, manifest.shards, selection, manifest.exclusions)
+    columns = manifest.columns
+    found = None if columns is None else (root_store(store, columns.root), columns)
+    return ShardSource(shards, indexes, manifest.shards, selection, manifest.exclusions, found)
 
 
 def resolve_source(

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from shardstream.errors import ConfigError
+from shardstream.format.columns import ColumnSet
 from shardstream.format.exclusions import Exclusions
 from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
@@ -54,6 +55,7 @@ class ShardSource:
         table: The manifest's shard table, or the names alone (no manifest: counts unknown).
         selection: For a view, the samples it keeps (read through the shards' indexes).
         exclusions: The stored samples the version leaves out (``shardstream exclude``).
+        columns: Where the fields attached by key are, and what they are (``attach``).
     """
 
     shards: Store
@@ -61,6 +63,7 @@ class ShardSource:
     table: ShardTable | NameColumn
     selection: Selection | None = None
     exclusions: Exclusions | None = None
+    columns: tuple[Store, ColumnSet] | None = None
 
     def kept(self, shard: int, stored: int, key_hashes: np.ndarray | None) -> np.ndarray:
         """The stored positions read of shard ``shard`` (its number in this source) of

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shardstream.format.columns import column_file
 from shardstream.format.manifest import Manifest
 from shardstream.format.shardtable import NameColumn
 
@@ -31,13 +32,28 @@ def files_only_in(removed: Manifest, kept: Sequence[Manifest]) -> list[str]:
     if removed.shard_root is not None or removed.index_root is not None:
         return []
     files: list[str] = []
+    dropped: list[str] = []
     columns = [("names", removed.shards.names), ("indexes", removed.shards.indexes)]
     for attribute, old in columns:
         if old is None:
             continue
         others = [getattr(manifest.shards, attribute) for manifest in kept]
-        files += [old[number] for number in _changed(old, others) if old[number]]
-    return files
+        found = [old[number] for number in _changed(old, others) if old[number]]
+        dropped += found if attribute == "names" else []
+        files += found
+    return files + _field_files(removed, kept, dropped)
+
+
+def _field_files(removed: Manifest, kept: Sequence[Manifest], dropped: list[str]) -> list[str]:
+    """The attached-field files only ``removed`` reads: its folder (``columns/vN/``, ending in
+    a slash) when no kept version reads it, else the files of its dropped shards."""
+    columns = removed.columns
+    if columns is None or columns.root is not None:
+        return []
+    if all(manifest.columns is None or manifest.columns.folder != columns.folder
+           for manifest in kept):  # fmt: skip
+        return [f"{columns.folder}/"]
+    return [column_file(columns.folder, name) for name in dropped]
 
 
 def _changed(old: NameColumn, others: Sequence[NameColumn | None]) -> list[int]:

@@ -180,7 +180,7 @@ def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, in
         # Shard files first and the manifest last: a killed prune leaves a manifest that
         # still names what is left to remove, and the next run removes it.
         names = [*shards, *own, name]
-        plan[version] = {item: store.size(item) for item in names if store.exists(item)}
+        plan[version] = {item: _size(store, item) for item in names if store.exists(item)}
     return plan
 
 
@@ -200,8 +200,21 @@ def prune_versions(store: Store, keep: int = DEFAULT_KEEP) -> list[int]:
     plan = prune_plan(store, keep)
     for files in plan.values():
         for name in files:  # in the plan's order: the manifest last
-            store.remove(name)
+            if name.endswith("/"):
+                store.remove_folder(name.rstrip("/"))
+            else:
+                store.remove(name)
     return list(plan)
+
+
+def _size(store: Store, name: str) -> int:
+    """A file's size, or a folder's (``name/``): every file under it."""
+    if not name.endswith("/"):
+        return store.size(name)
+    folder = name.rstrip("/")
+    inside = sum(store.size(f"{folder}/{item}") for item in store.list_names(folder))
+    return inside + sum(_size(store, f"{folder}/{item.rstrip('/').rpartition('/')[2]}/")
+                        for item in store.list_folders(folder))  # fmt: skip
 
 
 def _sidecars_of(store: Store, name: str) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from shardstream._version import __version__
 from shardstream.cli.abandon import add_abandon
+from shardstream.cli.attach import add_attach
 from shardstream.cli.bench import add_bench
 from shardstream.cli.build import add_build
 from shardstream.cli.common import (
@@ -44,7 +45,7 @@ __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench, add_prune,
-    add_abandon, add_exclude, add_compact, add_dups,
+    add_abandon, add_exclude, add_compact, add_dups, add_attach,
 ]  # fmt: skip
 
 

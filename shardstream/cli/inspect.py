@@ -89,6 +89,8 @@ def _excluded(manifest: Any) -> str:
     if manifest.exclusions is None:
         return ""
     stored = manifest.num_samples + len(manifest.exclusions)
+    if manifest.view is not None:
+        return f" (of {stored} in the source's shards)"
     return (
         f" ({stored} stored, {len(manifest.exclusions)} excluded; `shardstream compact` "
         "removes their bytes)"

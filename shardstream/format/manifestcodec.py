@@ -13,8 +13,9 @@ Two forms, both read by this release:
   :mod:`shardstream.format.shardtable`) written just before it, with its size and sha256. A
   million shards then take about 40 MB instead of 200 MB of JSON, and open in milliseconds;
 - format 3: either form, plus sidecars older releases do not know and must not ignore: the
-  samples a version excludes (``excluded``, see :mod:`shardstream.format.exclusions`). A
-  manifest without them is still written as format 1 or 2, byte for byte as before.
+  samples a version excludes (``excluded``, see :mod:`shardstream.format.exclusions`) and
+  fields attached by key (``columns``, see :mod:`shardstream.format.columns`). A manifest
+  without them is still written as format 1 or 2, byte for byte as before.
 
 Readers refuse versions they do not know instead of guessing.
 """
@@ -30,6 +31,7 @@ from typing import IO, Any
 import numpy as np
 
 from shardstream.errors import ManifestError
+from shardstream.format.columns import ColumnSet
 from shardstream.format.exclusions import Exclusions, excluded_name
 from shardstream.format.manifestfields import (
     check_unique,
@@ -89,6 +91,7 @@ class Manifest:
             (see :mod:`shardstream.catalog.versions`); a manifest without the field is version 1.
         exclusions: The stored samples this version leaves out (``shardstream exclude``), or
             None; shard counts are then of the kept samples.
+        columns: Fields attached to the samples by key (``shardstream attach``), or None.
 
     Example:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
@@ -107,6 +110,7 @@ class Manifest:
     format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
     version: int = 1
     exclusions: Exclusions | None = None
+    columns: ColumnSet | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shards, ShardTable):
@@ -151,6 +155,8 @@ class Manifest:
                 "sha256": hashlib.sha256(data).hexdigest(), "num_samples": len(self.exclusions),
             }  # fmt: skip
             version = SIDECAR_FORMAT
+        if self.columns is not None:
+            roots["columns"], version = self.columns.as_dict(), SIDECAR_FORMAT
         return {
             **{key: value for key, value in roots.items() if value is not None},
             "format": FORMAT_NAME,
@@ -227,6 +233,7 @@ class Manifest:
                 format_version=int(version),  # type: ignore[arg-type]
                 version=document.get("version", 1),
                 exclusions=exclusions,
+                columns=_columns(document.get("columns"), where),
             )
         except (KeyError, TypeError, ValueError) as error:
             if isinstance(error, ManifestError):
@@ -241,6 +248,10 @@ class Manifest:
                     f"{where}: {field} {document[field]} disagrees with the shard list ({value})"
                 )
         return manifest
+
+
+def _columns(entry: Any, where: str) -> ColumnSet | None:
+    return None if entry is None else ColumnSet.from_dict(entry, where)
 
 
 def parse_document(text: str | bytes, where: str) -> dict[str, Any]:

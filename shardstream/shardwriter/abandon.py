@@ -31,7 +31,7 @@ from shardstream.storage.lock import destination_lock
 __all__ = ["abandon_append"]
 
 _SHARD = re.compile(r"shard-(\d{6,})\.(tar|idx)")
-_COMPACTED = re.compile(r"compacted/v(\d{6,})")
+_VERSION_FOLDER = re.compile(r"(?:compacted|columns)/v(\d{6,})")
 _VERSIONED = re.compile(r"manifest\.v(\d{6,})\.(json|shards|excluded)")
 
 
@@ -103,22 +103,26 @@ def _leftovers(store: Store, base: Manifest) -> list[str]:
 
 
 def _compacted_leftovers(store: Store, base: Manifest) -> list[str]:
-    """``compacted/vN`` folders a killed ``compact`` wrote: of an unpublished version, or of
-    one that no readable version lists a file of."""
+    """``compacted/vN`` and ``columns/vN`` folders a killed ``compact`` or ``attach`` wrote: of
+    an unpublished version, or that no readable version reads."""
     folders = []
-    for folder in store.list_folders(COMPACTED_FOLDER):
-        name = f"{COMPACTED_FOLDER}/{folder.rstrip('/').rpartition('/')[2]}"
-        match = _COMPACTED.fullmatch(name)
-        if match is None:
-            continue
-        if int(match.group(1)) > base.version or not _listed_under(store, name + "/"):
-            folders.append(name)
+    for parent in (COMPACTED_FOLDER, "columns"):
+        for folder in store.list_folders(parent):
+            name = f"{parent}/{folder.rstrip('/').rpartition('/')[2]}"
+            match = _VERSION_FOLDER.fullmatch(name)
+            if match is None:
+                continue
+            if int(match.group(1)) > base.version or not _read_by_a_version(store, name):
+                folders.append(name)
     return folders
 
 
-def _listed_under(store: Store, prefix: str) -> bool:
+def _read_by_a_version(store: Store, folder: str) -> bool:
     for version in list_versions(store):
-        if any(name.startswith(prefix) for name in read_version(store, version).shards.names):
+        manifest = read_version(store, version)
+        if manifest.columns is not None and manifest.columns.folder == folder:
+            return True
+        if any(name.startswith(folder + "/") for name in manifest.shards.names):
             return True
     return False
 

@@ -27,6 +27,7 @@ import numpy as np
 from shardstream._version import __version__
 from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError
+from shardstream.format.columns import column_file, read_column_table, write_columns
 from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.format.samples import iter_samples
 from shardstream.format.shardindex import encode_offsets, index_name
@@ -162,10 +163,24 @@ def _rewrite(store: Store, base: Manifest, number: int, version: int) -> ShardIn
             f"{base.version} says {old.num_samples} kept and {len(excluded)} excluded; run "
             "`shardstream verify` on the dataset"
         )
+    _rewrite_fields(store, base, number, name, excluded, count + len(excluded))
     index = index_name(name)  # after its shard: a shard counts as written only with its index
     with store.open_atomic_write(index) as stream:
         stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes, writer.digests))
     return ShardInfo(name, count, writer.num_bytes, writer.sha256, index)
+
+
+def _rewrite_fields(
+    store: Store, base: Manifest, number: int, name: str, excluded: set[int], stored: int
+) -> None:
+    """The attached fields of a rewritten shard, without its excluded samples' rows (in the
+    fields' folder, under the new shard's name)."""
+    columns = base.columns
+    if columns is None or number >= columns.num_shards:
+        return
+    old = read_column_table(store, column_file(columns.folder, base.shards.names[number]))
+    rows = [position for position in range(stored) if position not in excluded]
+    write_columns(store, column_file(columns.folder, name), old.take(rows))
 
 
 def _manifest(base: Manifest, rewritten: dict[int, ShardInfo], version: int) -> Manifest:
@@ -189,4 +204,5 @@ def _manifest(base: Manifest, rewritten: dict[int, ShardInfo], version: int) -> 
         shards=new_table, class_names=base.class_names, settings=settings,
         skipped=base.skipped, created_by=f"shardstream {__version__} compact",
         version=version, exclusions=rest if rest is not None and len(rest) else None,
+        columns=base.columns,
     )  # fmt: skip

@@ -131,6 +131,8 @@ class RandomAccessDataset(torch.utils.data.Dataset):
             if self.raw(position)["__key__"] == key:
                 return int(position)
         version = _excluded_in(self.shards, self.reader(), wanted)
+        if version == 0:  # the exclusion list of a view by fields (make_view(..., where=...))
+            raise KeyError(f"{key!r}: its fields do not satisfy this view's predicate")
         if version is not None:
             raise KeyError(
                 f"{key!r}: excluded from the dataset in version {version} (`shardstream "

@@ -21,6 +21,7 @@ from shardstream.catalog.shardlist import ShardList, ShardSpec
 from shardstream.errors import ShardFormatError, StorageError
 from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
+from shardstream.streaming.worker.fields import FieldCache
 from shardstream.streaming.worker.indexes import IndexCache, OffsetIndex
 from shardstream.streaming.worker.pieces import open_piece
 
@@ -41,6 +42,7 @@ class ReadSettings:
         max_idle_handles: Idle local file handles kept open between pieces.
         max_indexes: Shard indexes kept loaded (a window reads from up to ``num_open`` shards;
             8 to 16 bytes per sample each).
+        fields: Add fields attached by key (``shardstream attach``) to the samples.
     """
 
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
@@ -49,6 +51,7 @@ class ReadSettings:
     tag_streams: bool = False
     max_idle_handles: int = 64
     max_indexes: int = 256
+    fields: bool = True
 
 
 @dataclasses.dataclass
@@ -85,6 +88,7 @@ class ShardReader:
             IndexCache.shared(source.indexes, settings.max_indexes) for source in shards.sources
         ]
         self._walked = OffsetIndex()
+        self._fields = FieldCache()
         self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
         self._specs: dict[int, ShardSpec] = {}  # recent shards' specs (a piece asks twice)
         self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
@@ -117,6 +121,13 @@ class ShardReader:
             samples = self._selected(shard, spec, index, first, stop)
         else:
             samples = self._range(spec, first, stop, index.offsets if index else None)
+        source = self.shards.sources[spec.store_index]
+        if source.columns is not None and self.settings.fields:  # fields attached by key
+            positions = self._positions(shard, spec, index, first, stop)
+            local = self.shards.locate(shard)[1]
+            samples = self._fields.attach(
+                samples, source, local, spec.name, spec.store_index, positions
+            )
         settings = self.settings
         if settings.tag_streams:
             samples = _tagged(samples, spec.store_index)
@@ -182,6 +193,14 @@ class ShardReader:
         if not self._filtered(spec):
             return None
         return self._kept_ordinals(shard, spec, self._index_of(spec))
+
+    def _positions(
+        self, shard: int, spec: ShardSpec, index: ShardIndex | None, first: int, stop: int | None
+    ) -> Sequence[int]:
+        """The stored positions of kept samples ``[first, stop)`` of a shard."""
+        if self._filtered(spec):
+            return self._kept_ordinals(shard, spec, index)[first:stop].tolist()
+        return range(first, (spec.num_samples or 0) if stop is None else stop)
 
     def _filtered(self, spec: ShardSpec) -> bool:
         """Whether the shard's read samples are not all it stores (a view's, or exclusions)."""
