@@ -178,6 +178,13 @@ import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 from shardstream.catalog.attach import attach_columns
 from shardstream.format.manifest import read_manifest
 root = sys.argv[1]
+import os, pathlib, shutil
+train = pathlib.Path(root, "train")
+if (train / "manifest.v000001.json").exists():  # a run before attached: back to version 1
+    os.replace(train / "manifest.v000001.json", train / "manifest.json")
+    for path in train.glob("manifest.v*"):
+        path.unlink()
+    shutil.rmtree(train / "columns", ignore_errors=True)
 count = read_manifest(root + "/train").num_samples
 keys = [f"t{i:08d}" for i in range(count)]
 table = pa.table({"__key__": keys, "aesthetic": np.random.default_rng(0).random(count),

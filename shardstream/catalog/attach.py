@@ -205,7 +205,8 @@ def _write_files(
             rows_taken = np.where(hit, order[where], 0)
             used[rows_taken[hit]] = True
             matched += int(hit.sum())
-            table = _merged(store, base, number, values.take(arrow.array(rows_taken, mask=~hit)))
+            taken = arrow.array(rows_taken, mask=~hit, type=arrow.int64())
+            table = _merged(store, base, number, values.take(taken))
             write_columns(store, column_file(folder, info.name), table)
         if progress is not None:
             progress(numbers.stop, total)

@@ -27,7 +27,12 @@ import numpy as np
 from shardstream._version import __version__
 from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError
-from shardstream.format.columns import column_file, read_column_table, write_columns
+from shardstream.format.columns import (
+    column_file,
+    import_arrow,
+    read_column_table,
+    write_columns,
+)
 from shardstream.format.manifest import Manifest, read_manifest
 from shardstream.format.samples import iter_samples
 from shardstream.format.shardindex import encode_offsets, index_name
@@ -179,8 +184,10 @@ def _rewrite_fields(
     if columns is None or number >= columns.num_shards:
         return
     old = read_column_table(store, column_file(columns.folder, base.shards.names[number]))
+    arrow = import_arrow()
     rows = [position for position in range(stored) if position not in excluded]
-    write_columns(store, column_file(columns.folder, name), old.take(rows))
+    taken = old.take(arrow.array(rows, type=arrow.int64()))  # typed: it may be empty
+    write_columns(store, column_file(columns.folder, name), taken)
 
 
 def _manifest(base: Manifest, rewritten: dict[int, ShardInfo], version: int) -> Manifest:

@@ -177,3 +177,34 @@ def test_abandon_removes_what_a_killed_compact_wrote(
     assert _tree(root) == clean["excluded"]
     compact_dataset(root)
     assert _tree(root) == clean["compacted"]
+
+
+def test_foreign_shards_indexed_in_place_exclude_and_compact(tmp_path: pathlib.Path) -> None:
+    import webdataset as wds
+
+    from shardstream import index_shards
+
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    with wds.ShardWriter(str(folder / "part-%05d.tar"), maxcount=12) as sink:
+        for sample in _samples():
+            sink.write(sample)
+    index_shards(folder)
+    exclude_samples(folder, GONE)
+    options = StreamOptions(output="dict")
+    kept = sorted(f"k{i:04d}" for i in range(NUM) if f"k{i:04d}" not in GONE)
+    assert sorted(keys_of(StreamingDataset(folder, decode="raw", options=options))) == kept
+    compact_dataset(folder)
+    prune_versions(Store(str(folder)), keep=1)
+    assert not (folder / "part-00000.tar").exists() and (folder / "part-00001.tar").exists()
+    assert sorted(keys_of(StreamingDataset(folder, decode="raw", options=options))) == kept
+    assert sorted(sample["__key__"] for sample in read_with_webdataset(folder)) == kept
+    assert verify_dataset(folder).num_samples == len(kept)
+    index_shards(folder)  # the folder's listing still starts with the indexed shards: no-op
+    assert read_manifest(folder).version == 3
+    with wds.TarWriter(str(folder / "part-00009.tar")) as sink:  # the folder gains a shard
+        sink.write({"__key__": "late", "jpg": tiny_jpeg(1), "cls": 0, "txt": "late"})
+    grown = index_shards(folder)
+    assert grown.version == 4 and grown.shards[-1].name == "part-00009.tar"
+    every = sorted(keys_of(StreamingDataset(folder, decode="raw", options=options)))
+    assert every == sorted([*kept, "late"])
