@@ -16,6 +16,11 @@ link to them, and a manifest listing every shard. Each row runs in a fresh proce
   each, 1% of them copies of others, in shards of 1,000) and a second dataset of a tenth of
   that size holding 100 leaked copies: its time, peak RSS, and that it found every planted
   group;
+- ``dups-simulated`` (``--dups-simulated N``): :func:`find_duplicates` on a Dask local
+  cluster (2 workers) over N simulated samples: every shard name links to one real shard,
+  but each shard has its own index with its own digests (1% of the samples in the first half
+  of each shard copy a sample of another shard's second half); its time, the driver's peak
+  RSS, and that it found exactly the planted groups;
 - ``attach``: :func:`attach_columns` of a Parquet table of one row per sample of that dataset
   (key, a float, a string): its time and peak RSS; then raw samples/s read in-process from
   the version before and the version with the fields (the cost of the fields).
@@ -213,6 +218,77 @@ print(json.dumps({"samples_per_s": samples / (time.perf_counter() - started),
 """
 
 
+SIM_BUILD = r"""
+import json, os, sys
+import numpy as np
+from shardstream.format.manifest import Manifest, write_manifest
+from shardstream.format.shardindex import decode_index, encode_offsets
+from shardstream.format.shardtable import NameColumn, ShardTable
+real, root, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+info = json.loads(open(real + "/manifest.json").read())["shards"][0]
+per = info["num_samples"]
+index = decode_index(open(real + "/" + info["index"], "rb").read(), "real")
+shards = count // per
+os.makedirs(root, exist_ok=True)
+
+def digests(shard, positions):  # two splitmix64 words per (shard, position)
+    x = (np.uint64(shard) * np.uint64(per) + positions.astype(np.uint64)) * np.uint64(2)
+    words = []
+    for word in (x, x + np.uint64(1)):
+        z = word + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        words.append(z ^ (z >> np.uint64(31)))
+    return np.stack(words, axis=1).view(np.uint8).reshape(-1, 16)
+
+rng = np.random.default_rng(0)
+targets = set()
+with np.errstate(over="ignore"):
+    for shard in range(shards):
+        table = digests(shard, np.arange(per))
+        copies = rng.random(per // 2) < 0.02  # 1% of the shard: in its first half
+        copy_at = np.flatnonzero(copies)
+        source_shard = rng.integers(0, shards, len(copy_at))
+        source_pos = rng.integers(per // 2, per, len(copy_at))
+        chosen = zip(copy_at.tolist(), source_shard.tolist(), source_pos.tolist())
+        for position, other, at in chosen:
+            table[position] = digests(other, np.array([at]))[0]
+            targets.add((other, at))
+        name = f"{root}/shard-{shard:07d}"
+        with open(name + ".idx", "wb") as out:
+            out.write(encode_offsets(index.offsets, index.key_hashes, table.tobytes()))
+        if not os.path.islink(name + ".tar"):
+            os.symlink(os.path.abspath(real + "/" + info["name"]), name + ".tar")
+table = ShardTable(NameColumn(shards, ("shard-", 7, ".tar", 0)), np.full(shards, per, np.int64),
+                   np.full(shards, info["num_bytes"], np.int64), None,
+                   NameColumn(shards, ("shard-", 7, ".idx", 0)))
+write_manifest(root, Manifest(shards=table, created_by="benchmarks/clean_scale.py"))
+open(root + "/expected.json", "w").write(json.dumps({"groups": len(targets)}))
+print(json.dumps({"shards": shards, "groups": len(targets)}))
+"""
+
+SIM_RUN = r"""
+import json, resource, sys, time, warnings
+warnings.filterwarnings("ignore")
+import distributed
+from shardstream.catalog.dups import find_duplicates
+root, work = sys.argv[1], sys.argv[2]
+cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+with cluster, distributed.Client(cluster) as client:
+    started = time.perf_counter()
+    report = find_duplicates([root], executor=client.get_executor(), workers=2, work_dir=work)
+    seconds = time.perf_counter() - started
+    worker_rss = client.run(lambda: __import__("resource").getrusage(
+        __import__("resource").RUSAGE_SELF).ru_maxrss / 1024)
+expected = json.load(open(root + "/expected.json"))["groups"]
+print(json.dumps({"seconds": seconds, "groups": report.groups, "expected": expected,
+                  "samples": report.datasets[0]["samples"],
+                  "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_peak_rss_mb": sorted(worker_rss.values())}))
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=1_000_000, help="0 skips exclude rows")
@@ -222,6 +298,8 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--dups-samples", type=int, default=1_000_000, help="0 skips dups")
     parser.add_argument("--no-attach", dest="attach", action="store_false")
+    parser.add_argument("--dups-simulated", type=int, default=0, metavar="N",
+                        help="samples of the simulated dups row on Dask (e.g. 100000000)")
     parser.add_argument("--data", type=Path, default=DATA_ROOT / "clean-scale")
     args = parser.parse_args()
     if args.dups_samples:
@@ -234,6 +312,13 @@ def main() -> None:
             reads = {f"read_v{v}": run_code(READ_CODE, folder, v)
                      for v in (attach["version"] - 1, attach["version"])}  # fmt: skip
             print(json.dumps({"attach": attach, **reads}, indent=1))
+    if args.dups_simulated:
+        real = args.data / f"dups-{args.dups_samples or 1_000_000}" / "train"
+        sim = args.data / f"dups-sim-{args.dups_simulated}"
+        if not (sim / "expected.json").exists():
+            run_code(SIM_BUILD, real, sim, args.dups_simulated, timeout=7200)
+        work = args.data / "dups-work"
+        print(json.dumps({"dups-simulated": run_code(SIM_RUN, sim, work, timeout=7200)}, indent=1))
     if not args.shards:
         return
     root = args.data / f"sim-{args.shards}x{args.per_shard}"
