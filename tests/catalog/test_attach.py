@@ -11,6 +11,8 @@ import os
 import pathlib
 import signal
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -181,17 +183,26 @@ def test_index_makes_foreign_shards_attachable(tmp_path: pathlib.Path) -> None:
     assert sample["__key__"] == "s000005" and sample["aesthetic"] == 6.0
 
 
+def _named(fragment: str) -> Callable[[tuple], bool]:
+    return lambda args: fragment in str(args[1])
+
+
+#: name -> (object owning the patched function, its attribute, ``when(call_args)``, nth call).
+KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool], int]] = {
+    "field-file": (os, "replace", _named("columns"), 3),
+    "keep-version-1": (storage_files, "create_exclusive", _named("manifest.v000001.json"), 1),
+    "versioned-manifest": (storage_files, "create_exclusive", _named("manifest.v000002.json"), 1),
+    "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json"), 1),
+}
+
+
 def _attach_and_kill(root: pathlib.Path, point: str) -> None:
     """Forked child: attach, with a SIGKILL at the chosen write."""
-    if point == "field-file":
-        kill_at(os, "replace", lambda args: "columns" in str(args[1]), 3)
-    else:
-        versioned = "manifest.v000002.json"
-        kill_at(storage_files, "create_exclusive", lambda args: versioned in str(args[1]), 1)
+    kill_at(*KILL_POINTS[point])
     attach_columns(root, _table())
 
 
-@pytest.mark.parametrize("point", ["field-file", "versioned-manifest"])
+@pytest.mark.parametrize("point", sorted(KILL_POINTS))
 def test_a_killed_attach_leaves_a_whole_version_and_a_rerun_finishes(
     attached: pathlib.Path, tmp_path: pathlib.Path, point: str
 ) -> None:
