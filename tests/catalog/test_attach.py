@@ -36,7 +36,7 @@ from shardstream.catalog.versions import prune_versions
 from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter.compact import compact_dataset
 from shardstream.storage import Store
-from shardstream.storage import files as storage_files
+from shardstream.storage.backends.local import LocalBackend
 from tests.shardwriter.growth import write_day
 from tests.shardwriter.helpers import dataset_bytes, kill_at
 from tests.streaming.shards import keys_of, make_samples
@@ -183,15 +183,17 @@ def test_index_makes_foreign_shards_attachable(tmp_path: pathlib.Path) -> None:
     assert sample["__key__"] == "s000005" and sample["aesthetic"] == 6.0
 
 
-def _named(fragment: str) -> Callable[[tuple], bool]:
-    return lambda args: fragment in str(args[1])
+def _named(fragment: str, at: int = 1) -> Callable[[tuple], bool]:
+    """The call's argument ``at`` names ``fragment`` (os.replace's target: 1;
+    ``LocalBackend.create_exclusive(backend, fs, path, ...)``'s path: 2)."""
+    return lambda args: fragment in str(args[at])
 
 
 #: name -> (object owning the patched function, its attribute, ``when(call_args)``, nth call).
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool], int]] = {
     "field-file": (os, "replace", _named("columns"), 3),
-    "keep-version-1": (storage_files, "create_exclusive", _named("manifest.v000001.json"), 1),
-    "versioned-manifest": (storage_files, "create_exclusive", _named("manifest.v000002.json"), 1),
+    "keep-version-1": (LocalBackend, "create_exclusive", _named("manifest.v000001.json", 2), 1),
+    "versioned-manifest": (LocalBackend, "create_exclusive", _named("manifest.v000002.json", 2), 1),
     "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json"), 1),
 }
 

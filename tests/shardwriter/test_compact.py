@@ -23,7 +23,7 @@ from shardstream.format.verify import find_problems, verify_dataset
 from shardstream.shardwriter.abandon import abandon_append
 from shardstream.shardwriter.compact import compact_dataset
 from shardstream.storage import Store
-from shardstream.storage import files as storage_files
+from shardstream.storage.backends.local import LocalBackend
 from tests.streaming.shards import keys_of, tiny_jpeg
 
 from .helpers import kill_at, read_with_webdataset
@@ -98,18 +98,24 @@ def _in_child(target: Callable[..., None], *args: Any) -> multiprocessing.Proces
 
 
 def _named(*fragments: str) -> Callable[[tuple], bool]:
+    """For ``os.replace(source, target)``: the target names every fragment."""
     return lambda args: all(fragment in str(args[1]) for fragment in fragments)
+
+
+def _created(name: str) -> Callable[[tuple], bool]:
+    """For ``LocalBackend.create_exclusive(backend, fs, path, ...)``: the path names ``name``."""
+    return lambda args: name in str(args[2])
 
 
 #: name -> (object owning the patched function, its attribute, ``when(call_args)``).
 KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
-    "excluded-sidecar": (storage_files, "create_exclusive", _named("manifest.v000002.excluded")),
-    "keep-version-1": (storage_files, "create_exclusive", _named("manifest.v000001.json")),
-    "versioned-manifest": (storage_files, "create_exclusive", _named("manifest.v000002.json")),
+    "excluded-sidecar": (LocalBackend, "create_exclusive", _created("manifest.v000002.excluded")),
+    "keep-version-1": (LocalBackend, "create_exclusive", _created("manifest.v000001.json")),
+    "versioned-manifest": (LocalBackend, "create_exclusive", _created("manifest.v000002.json")),
     "compact-mid-shard": (tarwriter.TarShardWriter, "write_member", lambda args: True),
     "compact-shard-renamed": (os, "replace", _named("compacted", ".idx")),
     "compact-timm-info": (os, "replace", _named("_info.json")),
-    "compact-versioned": (storage_files, "create_exclusive", _named("manifest.v000003.json")),
+    "compact-versioned": (LocalBackend, "create_exclusive", _created("manifest.v000003.json")),
     "manifest-not-renamed": (os, "replace", lambda args: str(args[1]).endswith("manifest.json")),
 }
 
