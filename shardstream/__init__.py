@@ -38,12 +38,20 @@ from shardstream.storage import ReadOptions, Store
 if TYPE_CHECKING:
     from shardstream.catalog import (
         IndexOptions,
+        attach_columns,
+        exclude_samples,
+        find_duplicates,
         index_shards,
         make_view,
         merge_partitions,
         split_dataset,
     )
-    from shardstream.shardwriter import BuildOptions, build_shards, write_partition
+    from shardstream.shardwriter import (
+        BuildOptions,
+        build_shards,
+        compact_dataset,
+        write_partition,
+    )
     from shardstream.streaming import (
         GpuDecode,
         RandomAccessDataset,
@@ -84,8 +92,12 @@ __all__ = [
     "StreamingDataLoader",
     "StreamingDataset",
     "__version__",
+    "attach_columns",
     "build_shards",
     "check_position",
+    "compact_dataset",
+    "exclude_samples",
+    "find_duplicates",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -96,7 +108,11 @@ __all__ = [
 
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
+    "attach_columns": "shardstream.catalog",
     "build_shards": "shardstream.shardwriter",
+    "compact_dataset": "shardstream.shardwriter",
+    "exclude_samples": "shardstream.catalog",
+    "find_duplicates": "shardstream.catalog",
     "IndexOptions": "shardstream.catalog",
     "index_shards": "shardstream.catalog",
     "make_view": "shardstream.catalog",

@@ -51,6 +51,13 @@ SETUP = [
     ('manifest = build_shards("data/train", "shards/train"',
      'import shutil; shutil.rmtree("shards/train")  # the CLI block built it with other limits'),
     ("--keys hard_keys.txt", "printf 'class_00/img_00000\\nclass_01/img_00004\\n' > hard_keys.txt"),
+    ("shardstream dups shards/train shards/val  ",  # a val set holding one train image
+     "mkdir -p val/class_01 && cp \"$(ls data/train/class_01/*.* | head -1)\" val/class_01/ "
+     "&& shardstream build val shards/val -q"),
+    ("attach shards/train scores.parquet",
+     "python -c \"import pandas as pd; pd.DataFrame({'__key__': ['class_00/img_00000'], "
+     "'aesthetic': [6.0], 'nsfw': [False]}).to_parquet('scores.parquet')\""),
+    ("--keys takedown.txt", "printf 'class_00/img_00000\\n' > takedown.txt; echo 3 > bad.txt"),
     ('transform=train_transform, decode="cuda")',  # on a machine without CUDA: the CPU path
      "MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)\n"
      "model = lambda images: images.mean(dim=(2, 3))  # 3 channels: one score per class\n"

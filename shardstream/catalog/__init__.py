@@ -8,7 +8,14 @@
 - ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
 - ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;
 - ``partitions.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
-- ``versions.py``: versioned manifests of a dataset that grows;
+- ``versions.py``: versioned manifests of a dataset that grows (``unlisted.py``: the shard
+  files only pruned versions list);
+- ``exclude.py``: :func:`exclude_samples`, a version that leaves samples out, in place
+  (``locate.py``: named samples to their shards and positions);
+- ``dups.py`` and ``dupscan.py``: :func:`find_duplicates`, equal content within and across
+  datasets, from the indexes' digests;
+- ``attach.py`` and ``whereview.py``: :func:`attach_columns`, fields by key, and views by a
+  predicate over them;
 - ``execute.py``: runs index and build tasks on processes or any executor.
 
 The catalog imports storage and format only; the writer and the streaming side import it.
@@ -25,6 +32,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from shardstream.catalog.attach import attach_columns
+    from shardstream.catalog.dups import find_duplicates
+    from shardstream.catalog.exclude import exclude_samples
     from shardstream.catalog.facts import DatasetFacts
     from shardstream.catalog.indexer import IndexOptions, index_shards
     from shardstream.catalog.partitions import merge_partitions
@@ -45,6 +55,9 @@ __all__ = [
     "ShardSource",
     "ShardSpec",
     "Source",
+    "attach_columns",
+    "exclude_samples",
+    "find_duplicates",
     "index_shards",
     "make_view",
     "merge_partitions",
@@ -54,6 +67,9 @@ __all__ = [
 ]
 
 _LAZY = {
+    "attach_columns": "shardstream.catalog.attach",
+    "exclude_samples": "shardstream.catalog.exclude",
+    "find_duplicates": "shardstream.catalog.dups",
     "DatasetFacts": "shardstream.catalog.facts",
     "IndexOptions": "shardstream.catalog.indexer",
     "ShardList": "shardstream.catalog.shardlist",

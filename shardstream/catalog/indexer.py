@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -25,16 +24,16 @@ from typing import Any
 
 from shardstream._version import __version__
 from shardstream.catalog.execute import run_tasks
+from shardstream.catalog.indexchecks import STATE_FOLDER, log_compressed, refuse_inexact
 from shardstream.catalog.indexgrowth import new_shards
 from shardstream.catalog.shardlist import Source, resolve_source
 from shardstream.catalog.versions import publish_version
-from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError, SourceError
+from shardstream.errors import ConfigError, DatasetExistsError, ShardFormatError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, write_manifest
 from shardstream.format.roots import absolute_root
 from shardstream.format.scan import scan_shard
 from shardstream.format.shardindex import decode_index, encode_offsets, index_name
 from shardstream.format.shardtable import ShardInfo, ShardTable
-from shardstream.format.tarreader import is_gzip_name
 from shardstream.format.timminfo import write_timm_info
 from shardstream.storage import Store
 from shardstream.storage.lock import destination_lock
@@ -43,7 +42,6 @@ __all__ = ["IndexOptions", "index_shards"]
 
 logger = logging.getLogger(__name__)
 
-STATE_FOLDER = "_shardstream_index"
 _PLAN = "plan.json"
 
 
@@ -53,8 +51,9 @@ class IndexOptions:
 
     Attributes:
         workers: Parallel processes (ignored with an executor, which bounds itself).
-        checksum: Compute every shard's sha256 (reads every byte; without it a local shard's
-            member data is skipped over and ``verify`` cannot check bytes).
+        checksum: Compute every shard's sha256 and every sample's content digest (reads every
+            byte; without it a local shard's member data is skipped over, ``verify`` cannot
+            check bytes and ``dups`` has no digests to compare).
         allow_extra_members: Accept file members that belong to no sample (names without an
             extension, dotfiles, ``__MACOSX/``...), which shardstream skips but other readers
             may not. Directories and links are always accepted: every reader skips them.
@@ -90,7 +89,7 @@ def _index_task(task: _Task) -> dict[str, Any]:
         index = None
         if scan.offsets is not None and not scan.problems:
             index = index_name(name)
-            _write_index(task.dest, index, scan.offsets, scan.key_hashes)
+            _write_index(task.dest, index, scan.offsets, scan.key_hashes, scan.digests)
         entry = {
             "name": name, "num_samples": scan.num_samples, "num_bytes": scan.num_bytes,
             "sha256": scan.sha256, "index": index, "first_key": scan.first_key,
@@ -104,7 +103,9 @@ def _index_task(task: _Task) -> dict[str, Any]:
     return record
 
 
-def _write_index(dest: Store, name: str, offsets: Sequence[int], keys: Sequence[int]) -> None:
+def _write_index(
+    dest: Store, name: str, offsets: Sequence[int], keys: Sequence[int], digests: bytes | None
+) -> None:
     """Write an index, refusing to replace a file that is not a shardstream index (DALI's...)."""
     if dest.exists(name):
         try:
@@ -115,7 +116,7 @@ def _write_index(dest: Store, name: str, offsets: Sequence[int], keys: Sequence[
                 "write the metadata elsewhere: index SOURCE DEST"
             ) from error
     with dest.open_atomic_write(name) as stream:
-        stream.write(encode_offsets(offsets, keys))
+        stream.write(encode_offsets(offsets, keys, digests))
 
 
 ProgressCallback = Callable[[int, int, "int | None", "int | None"], None]
@@ -200,7 +201,7 @@ def _index(
 
     on_result(None)  # the total shows at once (and a resumed run's part)
     run_tasks(_index_task, tasks(), on_result, options.workers, executor)
-    _refuse_inexact(records, shards, target, options)
+    refuse_inexact(records, shards, target, options.allow_extra_members)
     entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
     root = None if in_place else absolute_root(shards)
     manifest = Manifest(
@@ -214,6 +215,8 @@ def _index(
         created_by=f"shardstream {__version__} index",
         shard_root=root,
         version=base.version + 1 if base else 1,
+        exclusions=base.exclusions if base else None,
+        columns=base.columns if base else None,
     )
     if in_place:  # timm reads shard names relative to _info.json's folder
         write_timm_info(target, manifest, split=options.split)
@@ -222,7 +225,7 @@ def _index(
     else:  # the folder gained shards: a new version, published last
         publish_version(target, manifest)
     target.child(STATE_FOLDER).remove_folder()
-    _log_compressed(entries, target)
+    log_compressed(entries, target)
     return manifest
 
 
@@ -277,53 +280,7 @@ def _load_records(target: Store, num_shards: int, per_task: int) -> dict[int, di
     return records
 
 
-def _refuse_inexact(
-    records: dict[int, dict[str, Any]], shards: Store, target: Store, options: IndexOptions
-) -> None:
-    """Raise, listing them, on what would break exact epochs; forget the unreadable shards'
-    batches, so that a run after fixing them reads them again."""
-    entries = [entry for number in sorted(records) for entry in records[number]["entries"]]
-    problems: list[str] = []
-    for entry in entries:
-        problems += entry["problems"]
-        if entry["skipped"] and not options.allow_extra_members:
-            problems.append(
-                f"{shards.shown(entry['name'])}: {entry['skipped']} file member(s) that belong to "
-                f"no sample (other readers may read them otherwise), such as "
-                f"{entry['skipped_example']!r}"
-            )
-    for before, after in itertools.pairwise(entries):
-        if before["last_key"] and before["last_key"] == after["first_key"]:
-            problems.append(
-                f"sample {before['last_key']!r} is split across {before['name']} and "
-                f"{after['name']}: readers would see two samples"
-            )
-    for number, record in records.items():
-        if any(entry["problems"] for entry in record["entries"]):
-            target.child(STATE_FOLDER).remove(f"task-{number:06d}.json")
-    if problems:
-        shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
-        back = any("comes back" in problem for problem in problems)
-        hint = " Shards made with GNU tar keep a sample's files together with `tar --sort=name`."
-        hint = hint if back else ""
-        raise SourceError(
-            f"{shards.shown()}: {len(problems)} problem(s) would break exact epochs:\n  {shown}\n"
-            "Fix or leave out those shards (or pass allow_extra_members=True when only "
-            f"members outside samples are listed), then run the same command again.{hint}"
-        )
-
-
 def _info(entry: dict[str, Any]) -> ShardInfo:
     return ShardInfo(
         entry["name"], entry["num_samples"], entry["num_bytes"], entry["sha256"], entry["index"]
     )
-
-
-def _log_compressed(entries: list[dict[str, Any]], target: Store) -> None:
-    compressed = [entry["name"] for entry in entries if is_gzip_name(entry["name"])]
-    if compressed:
-        logger.warning(
-            "%s: %d gzipped shard(s) such as %s are counted but cannot be read by byte range "
-            "(each piece reads its shard from the start); re-pack them as plain .tar for "
-            "ranged reads and memory maps", target.shown(), len(compressed), compressed[0],
-        )  # fmt: skip

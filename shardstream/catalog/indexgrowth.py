@@ -8,11 +8,15 @@ ones, and is published like an append (:func:`shardstream.catalog.versions.publi
 
 from __future__ import annotations
 
+import re
+
 from shardstream.errors import DatasetExistsError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest
 from shardstream.storage import Store
 
 __all__ = ["new_shards"]
+
+_COMPACTED = re.compile(r"compacted/v\d{6,}/")
 
 
 def new_shards(
@@ -34,7 +38,12 @@ def new_shards(
             "with `shardstream build SOURCE DATASET --append`, or pass overwrite=True "
             "(--overwrite) to index the shards from scratch"
         )
-    old = list(base.shards.names)
+    # Shards `compact` rewrote are listed under compacted/vN/: their first names, still in the
+    # folder until `prune` removes them, are neither indexed shards nor new ones.
+    old = [name for name in base.shards.names if _COMPACTED.match(name) is None]
+    replaced = {name[match.end() :] for name in base.shards.names
+                if (match := _COMPACTED.match(name)) is not None}  # fmt: skip
+    names = [name for name in names if name not in replaced]
     for number, name in enumerate(old):
         found = names[number] if number < len(names) else None
         if found != name:

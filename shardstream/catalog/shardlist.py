@@ -22,13 +22,13 @@ request each).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
 from shardstream.catalog.facts import DatasetFacts
+from shardstream.catalog.shardspec import ShardSource, ShardSpec
 from shardstream.catalog.shardurls import (
     SHARD_URL_SUFFIXES,
     expand_pattern,
@@ -39,7 +39,6 @@ from shardstream.catalog.versions import published_version, read_version
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
-from shardstream.format.selection import Selection
 from shardstream.format.shardtable import NameColumn, ShardTable
 from shardstream.storage import ReadOptions, StorageOptions, Store
 from shardstream.storage.patterns import has_glob
@@ -59,43 +58,6 @@ __all__ = [
 #: Files a folder's listing takes as shards.
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardSpec:
-    """One shard to read.
-
-    Attributes:
-        name: The shard's name in its store (a full URL when the store has no common root).
-        num_samples: Samples to read from it (a view's kept samples), or None when unknown.
-        index: The name of the shard's byte-offset index (from the manifest), or None.
-        num_bytes: The shard's size in bytes from the manifest, or None when unknown.
-        store_index: Which source of the list holds it (its number in ``ShardList.sources``;
-            its stream, in a mixture).
-    """
-
-    name: str
-    num_samples: int | None = None
-    index: str | None = None
-    num_bytes: int | None = None
-    store_index: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardSource:
-    """One dataset's shards: where they and their indexes are, and which samples to read.
-
-    Attributes:
-        shards: The store shard names are relative to.
-        indexes: The store index names are relative to.
-        table: The manifest's shard table, or the names alone (no manifest: counts unknown).
-        selection: For a view, the samples it keeps (read through the shards' indexes).
-    """
-
-    shards: Store
-    indexes: Store
-    table: ShardTable | NameColumn
-    selection: Selection | None = None
 
 
 class ShardList:
@@ -165,15 +127,19 @@ class ShardList:
         if isinstance(table, NameColumn):
             return ShardSpec(table[local], store_index=source)
         info = table[local]
-        return ShardSpec(info.name, info.num_samples, info.index, info.num_bytes, source)
+        exclusions = self.sources[source].exclusions
+        excluded = exclusions.count(local) if exclusions is not None else 0
+        return ShardSpec(info.name, info.num_samples, info.index, info.num_bytes, source, excluded)
 
 
 def source_of(store: Store, manifest: Manifest) -> ShardSource:
-    """The shard source a dataset's manifest describes (its roots and view, if any)."""
+    """The shard source a dataset's manifest describes (its roots, view and exclusions)."""
     selection = view_selection(store, manifest)
     shards = root_store(store, manifest.shard_root)
     indexes = root_store(store, manifest.index_root)
-    return ShardSource(shards, indexes, manifest.shards, selection)
+    columns = manifest.columns
+    found = None if columns is None else (root_store(store, columns.root), columns)
+    return ShardSource(shards, indexes, manifest.shards, selection, manifest.exclusions, found)
 
 
 def resolve_source(

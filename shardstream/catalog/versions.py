@@ -14,14 +14,17 @@ locally, a single ``PutObject`` on S3): readers see the old version or the new o
 and readers that know nothing of versions keep reading ``manifest.json``. A manifest without a
 ``version`` field is version 1; a dataset that never grew has no versioned files at all.
 
-Shards are only ever added, so every version's shards are a prefix of the newest one's:
-pruning an old version removes its manifest files, never a shard.
+Appends only add shards, so every version's shards are a prefix of the newest one's, until
+``shardstream compact`` rewrites the shards that hold excluded samples: pruning an old version
+removes its manifest files, and the shard files that no kept version lists
+(:mod:`shardstream.catalog.unlisted`).
 """
 
 from __future__ import annotations
 
 import json
 
+from shardstream.catalog.unlisted import files_only_in
 from shardstream.errors import DatasetExistsError, ManifestError, ManifestNotFoundError
 from shardstream.format.manifest import (
     MANIFEST_NAME,
@@ -110,6 +113,8 @@ def publish_version(store: Store, manifest: Manifest) -> str:
     text, table = encode_manifest(manifest, version_name(version, "shards"), store.shown())
     if table is not None:
         _create_once(store, version_name(version, "shards"), table, version)
+    for name, data in manifest.sidecars().items():
+        _create_once(store, name, data, version)
     _create_once(store, version_name(version), text, version)
     with store.open_atomic_write(MANIFEST_NAME) as stream:
         stream.write(text)
@@ -132,7 +137,9 @@ def _create_once(store: Store, name: str, data: bytes, version: int) -> None:
     raise DatasetExistsError(
         f"{store.shown()}: version {version} was published by another append meanwhile "
         f"({name} exists with other contents), so this append is refused. Run the same command "
-        "again to append on top of the new version."
+        "again to append on top of the new version (if nothing was published, an append, "
+        "exclude or compact was killed before it finished: `shardstream abandon` removes its "
+        "files)."
     )
 
 
@@ -143,6 +150,9 @@ DEFAULT_KEEP = 2
 
 def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, int]]:
     """What :func:`prune_versions` would remove: per version, its files and their sizes.
+
+    A version's files are its manifest and sidecars, and the shard files (with their indexes)
+    that only removed versions list: old files that ``shardstream compact`` replaced.
 
     Raises:
         ValueError: ``keep`` is below 1.
@@ -155,24 +165,33 @@ def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, in
         raise ValueError(f"keep must be at least 1 (the published version), got {keep}")
     versions = list_versions(store)
     newest = published_version(store)
-    published_table = _table_of(store, MANIFEST_NAME)
+    published = _sidecars_of(store, MANIFEST_NAME)
+    kept = [read_version(store, version) for version in versions[max(0, len(versions) - keep) :]]
     plan: dict[int, dict[str, int]] = {}
+    seen: set[str] = set()
     for version in versions[: max(0, len(versions) - keep)]:
         name = version_name(version)
         if version == newest or not store.exists(name):
             continue
-        table = _table_of(store, name)
-        names = [name] if table is None or table == published_table else [table, name]
-        plan[version] = {item: store.size(item) for item in names if store.exists(item)}
+        shards = [item for item in files_only_in(read_version(store, version), kept)
+                  if item not in seen]  # fmt: skip
+        seen.update(shards)
+        own = [item for item in _sidecars_of(store, name) if item not in published]
+        # Shard files first and the manifest last: a killed prune leaves a manifest that
+        # still names what is left to remove, and the next run removes it.
+        names = [*shards, *own, name]
+        plan[version] = {item: _size(store, item) for item in names if store.exists(item)}
     return plan
 
 
 def prune_versions(store: Store, keep: int = DEFAULT_KEEP) -> list[int]:
-    """Remove all but the newest ``keep`` versions' manifests; return the versions removed.
+    """Remove all but the newest ``keep`` versions; return the versions removed.
 
-    Shards are never removed: every version's shards are also the newest version's. A job
-    whose epoch reads a removed version cannot resume that epoch, so keep every version a
-    running job (or a checkpoint you may resume) reads.
+    A removed version's manifest files go, and the shard files only removed versions list
+    (the ones ``shardstream compact`` replaced); every other shard is also a kept version's
+    and stays. A job whose epoch reads a removed version cannot resume that epoch, so keep
+    every version a running job (or a checkpoint you may resume) reads; views made of a
+    removed version read shard files that may be gone.
 
     Example:
         >>> prune_versions(Store("shards/train"), keep=2)  # doctest: +SKIP
@@ -180,11 +199,26 @@ def prune_versions(store: Store, keep: int = DEFAULT_KEEP) -> list[int]:
     """
     plan = prune_plan(store, keep)
     for files in plan.values():
-        for name in files:  # the table first: a manifest without its table is never left
-            store.remove(name)
+        for name in files:  # in the plan's order: the manifest last
+            if name.endswith("/"):
+                store.remove_folder(name.rstrip("/"))
+            else:
+                store.remove(name)
     return list(plan)
 
 
-def _table_of(store: Store, name: str) -> str | None:
-    entry = json.loads(store.read_bytes(name)).get("shard_table")
-    return entry.get("name") if isinstance(entry, dict) else None
+def _size(store: Store, name: str) -> int:
+    """A file's size, or a folder's (``name/``): every file under it."""
+    if not name.endswith("/"):
+        return store.size(name)
+    folder = name.rstrip("/")
+    inside = sum(store.size(f"{folder}/{item}") for item in store.list_names(folder))
+    return inside + sum(_size(store, f"{folder}/{item.rstrip('/').rpartition('/')[2]}/")
+                        for item in store.list_folders(folder))  # fmt: skip
+
+
+def _sidecars_of(store: Store, name: str) -> list[str]:
+    """The shard table and sidecars the manifest file ``name`` names."""
+    document = json.loads(store.read_bytes(name))
+    entries = [document.get("shard_table"), document.get("excluded")]
+    return [entry["name"] for entry in entries if isinstance(entry, dict) and "name" in entry]

@@ -20,7 +20,9 @@ import numpy as np
 
 from shardstream._version import __version__
 from shardstream.catalog.shardlist import Source, read_dataset
+from shardstream.catalog.whereview import where_view
 from shardstream.errors import ConfigError
+from shardstream.format.columns import ColumnSet
 from shardstream.format.keys import key_hash
 from shardstream.format.manifest import Manifest, write_manifest
 from shardstream.format.roots import absolute_root, root_store
@@ -44,11 +46,12 @@ def make_view(
     fraction: float | None = None,
     keys: Iterable[str] | None = None,
     bounds: tuple[float, float] | None = None,
+    where: str | None = None,
     seed: int = 0,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
-    """Write a view of ``source`` into ``dest``: exactly one of ``fraction``, ``keys``, ``bounds``.
+    """Write a view of ``source`` into ``dest``, by ``fraction``, ``keys``, ``bounds`` or ``where``.
 
     With ``keys``, keys that are in no shard are logged (how many, and a few of them).
 
@@ -59,6 +62,8 @@ def make_view(
         fraction: Keep about this fraction of the samples, chosen by key with ``seed``.
         keys: Keep the samples with these keys.
         bounds: Keep the keys whose seeded draw lies in ``[low, high)`` (for splits).
+        where: Keep the samples whose attached fields satisfy this predicate, e.g.
+            ``"aesthetic >= 5"`` (see :mod:`shardstream.catalog.whereview`).
         seed: Seed of the draw: the same seed always keeps the same keys.
         storage_options: fsspec options for remote URLs.
         progress: Called as ``progress(shards_done, shards)`` while the indexes are read.
@@ -68,9 +73,11 @@ def make_view(
         >>> view.num_samples  # doctest: +SKIP
         128117
     """
-    chosen = [fraction is not None, keys is not None, bounds is not None]
+    chosen = [fraction is not None, keys is not None, bounds is not None, where is not None]
     if sum(chosen) != 1:
-        raise ConfigError("a view takes exactly one of fraction, keys or bounds")
+        raise ConfigError("a view takes exactly one of fraction, keys, bounds or where")
+    if where is not None:
+        return where_view(source, dest, where, storage_options=storage_options, progress=progress)
     if fraction is not None:
         selection = Selection.fraction(fraction, seed)
     elif bounds is not None:
@@ -104,6 +111,8 @@ def make_view(
             "source_version": manifest.version,
             "select": selection.as_dict(keys_file),
         },
+        exclusions=manifest.exclusions,
+        columns=_columns_of(origin, manifest),
     )
     write_manifest(target, view)
     return view
@@ -165,6 +174,8 @@ def _kept_counts(
                 "`shardstream index --overwrite` on the dataset first"
             )
         kept = selection.keep(index.key_hashes)
+        if manifest.exclusions is not None:  # the version's excluded samples stay out
+            kept[manifest.exclusions.positions(number)] = False
         if by_keys:
             found.update(index.key_hashes[kept].tolist())  # the pool's threads share the GIL
         return int(kept.sum())
@@ -187,3 +198,12 @@ def _log_unknown_keys(keys: Sequence[str], found: set[int], origin: Store) -> No
             "%s: %d of the %d keys asked for are in no shard (such as %s); the view leaves "
             "them out", origin.shown(), len(unknown), len(keys), examples,
         )  # fmt: skip
+
+
+def _columns_of(origin: Store, manifest: Manifest) -> ColumnSet | None:
+    """The source's attached fields, found from the view (their folder, absolute)."""
+    columns = manifest.columns
+    if columns is None:
+        return None
+    root = absolute_root(root_store(origin, columns.root))
+    return ColumnSet(columns.folder, columns.fields, columns.num_shards, root)

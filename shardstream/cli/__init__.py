@@ -1,4 +1,4 @@
-"""The ``shardstream`` command line: ``build``, ``index``, ``inspect``, ``verify``, ``prune``...
+"""The ``shardstream`` command line: ``build``, ``index``, ``inspect``, ``exclude``, ``prune``...
 
 Each subcommand is a module with one ``add_*`` function registering its parser and a handler
 returning the exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
@@ -20,6 +20,7 @@ from typing import Any
 
 from shardstream._version import __version__
 from shardstream.cli.abandon import add_abandon
+from shardstream.cli.attach import add_attach
 from shardstream.cli.bench import add_bench
 from shardstream.cli.build import add_build
 from shardstream.cli.common import (
@@ -29,6 +30,8 @@ from shardstream.cli.common import (
     plain_help,
     storage_options,
 )
+from shardstream.cli.dups import add_dups
+from shardstream.cli.exclude import add_compact, add_exclude
 from shardstream.cli.index import add_index
 from shardstream.cli.inspect import add_inspect
 from shardstream.cli.prune import add_prune
@@ -42,7 +45,7 @@ __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     add_build, add_inspect, add_verify, add_index, add_view, add_merge, add_bench, add_prune,
-    add_abandon,
+    add_abandon, add_exclude, add_compact, add_dups, add_attach,
 ]  # fmt: skip
 
 

@@ -54,7 +54,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         f"{manifest.shards[-1].name})"
         if manifest.shards
         else "shards:   0",
-        f"samples:  {manifest.num_samples}",
+        f"samples:  {manifest.num_samples}{_excluded(manifest)}",
         *_versions(store, manifest.version),
         f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)})",
         f"classes:  {len(names)} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
@@ -79,9 +79,30 @@ def _versions(store: Store, shown_version: int) -> list[str]:
         manifest = read_version(store, number)
         lines.append(
             f"  version {number}: {manifest.num_samples} samples in {len(manifest.shards)} "
-            f"shards{' (published)' if number == versions[-1] else ''}"
+            f"shards{_by_version(manifest)}{' (published)' if number == versions[-1] else ''}"
         )
     return lines
+
+
+def _excluded(manifest: Any) -> str:
+    """How many stored samples the version excludes (they stay in the files until compact)."""
+    if manifest.exclusions is None:
+        return ""
+    stored = manifest.num_samples + len(manifest.exclusions)
+    if manifest.view is not None:
+        return f" (of {stored} in the source's shards)"
+    return (
+        f" ({stored} stored, {len(manifest.exclusions)} excluded; `shardstream compact` "
+        "removes their bytes)"
+    )
+
+
+def _by_version(manifest: Any) -> str:
+    """What the version itself left out, when it was made by ``exclude``."""
+    if manifest.exclusions is None:
+        return ""
+    own = int((manifest.exclusions.versions == manifest.version).sum())
+    return f", {own} excluded by it" if own else ""
 
 
 def _details(store: Store, manifest: Any, classes: int, quiet: bool) -> list[str]:

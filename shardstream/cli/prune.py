@@ -1,4 +1,4 @@
-"""``shardstream prune``: remove old versions of a dataset that grew (never a shard)."""
+"""``shardstream prune``: remove old versions of a dataset (and shard files only they list)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ __all__ = ["add_prune"]
 
 def add_prune(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "prune", help="remove old versions' manifests of a dataset that grew (shards stay)"
+        "prune",
+        help="remove old versions of a dataset: their manifests, and the shard files only "
+        "they list (those `compact` replaced)",
     )
     parser.add_argument("dest")
     parser.add_argument(
@@ -48,8 +50,8 @@ def _run_prune(args: argparse.Namespace) -> int:
     count = f"{len(files)} file{'' if len(files) == 1 else 's'}"
     print(
         f"{shown(args)}: {verb} versions {list(plan) or 'none'} ({count}, "
-        f"{human(sum(files.values()))}); readable versions {kept} (shards are shared by every "
-        "version and stay)"
+        f"{human(sum(files.values()))}); readable versions {kept} (shards a readable version "
+        "lists stay)"
     )
     for name, size in files.items():
         print(f"  {name}  {human(size)}")

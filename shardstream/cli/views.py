@@ -24,6 +24,10 @@ def add_view(subparsers: Any) -> None:
         "--split", metavar="NAME=SHARE,...", help="e.g. train=0.9,val=0.1: every key in one"
     )
     rule.add_argument("--keys", metavar="FILE", help="a text file of keys to keep, one a line")
+    rule.add_argument(
+        "--where", metavar="EXPR",
+        help='keep the samples whose attached fields satisfy EXPR, e.g. "aesthetic >= 5"',
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw by key")
     add_storage_options(parser)
     parser.set_defaults(handler=_run_view)
@@ -47,7 +51,8 @@ def _run_view(args: argparse.Namespace) -> int:
             keys = [line.strip() for line in stream if line.strip()]
     with counting(args.quiet, "shards", "reading indexes") as progress:
         view = make_view(args.source, args.dest, fraction=args.fraction, keys=keys,
-                         seed=args.seed, storage_options=options, progress=progress)  # fmt: skip
+                         where=args.where, seed=args.seed, storage_options=options,
+                         progress=progress)  # fmt: skip
     print(f"{args.dest}: {view.num_samples} samples")
     return 0
 

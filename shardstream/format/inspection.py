@@ -71,8 +71,14 @@ def class_balance(
         if progress is not None:
             progress(done, len(numbers))
         name = manifest.shards[number].name
+        excluded = set() if manifest.exclusions is None else set(
+            manifest.exclusions.positions(number).tolist()
+        )  # fmt: skip
         with shards.open_read(name) as stream:
-            for sample, _ in iter_samples(open_tar(stream, shards.shown(name))):
+            samples = iter_samples(open_tar(stream, shards.shown(name)))
+            for position, (sample, _) in enumerate(samples):
+                if position in excluded:
+                    continue
                 if selection is not None and not _kept(selection, sample["__key__"]):
                     continue
                 label = _label(sample.get("cls"))

@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 from shardstream.errors import ManifestError, ManifestNotFoundError
+from shardstream.format.exclusions import Exclusions
 from shardstream.format.manifestcodec import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -87,9 +88,35 @@ def read_manifest_file(store: Store, name: str) -> Manifest:
         raise ManifestError(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes; not a manifest")
     document = parse_document(text, where)
     table = None
-    if document.get("format_version") == 2:
+    if document.get("format_version") == 2 or "shard_table" in document:
         table = _read_table(store, document.get("shard_table"), where)
-    return Manifest.from_json(text, where=where, table=table)
+    exclusions = None
+    if "excluded" in document:
+        num_shards = document.get("num_shards")
+        exclusions = _read_exclusions(store, document["excluded"], where, num_shards)
+    return Manifest.from_json(text, where=where, table=table, exclusions=exclusions)
+
+
+def _read_exclusions(store: Store, entry: Any, where: str, num_shards: Any) -> Exclusions:
+    if not isinstance(entry, dict) or not is_relative_name(entry.get("name")):
+        raise ManifestError(f"{where}: excluded must name a file inside the dataset")
+    name = entry["name"]
+    try:
+        data = store.read_mapped(name)
+    except FileNotFoundError as error:
+        raise ManifestError(
+            f"{store.shown(name)}: missing; the manifest lists the samples it excludes there. "
+            "Copy the whole dataset folder."
+        ) from error
+    if len(data) != entry.get("num_bytes"):
+        raise ManifestError(
+            f"{store.shown(name)}: {len(data)} bytes, the manifest says {entry.get('num_bytes')}"
+            "; the list belongs to another version or was cut short"
+        )
+    exclusions = Exclusions.decode(data, store.shown(name), int(num_shards or 0))
+    if len(exclusions) != entry.get("num_samples"):
+        raise ManifestError(f"{store.shown(name)}: does not hold the manifest's count")
+    return exclusions
 
 
 def _read_table(store: Store, entry: Any, where: str) -> ShardTable:
@@ -126,6 +153,9 @@ def write_manifest(
     if table is not None:
         with store.open_atomic_write(SHARD_TABLE_NAME) as stream:
             stream.write(table)
+    for name, data in manifest.sidecars().items():
+        with store.open_atomic_write(name) as stream:
+            stream.write(data)
     with store.open_atomic_write(MANIFEST_NAME) as stream:
         stream.write(text)
     return store.url(MANIFEST_NAME)
@@ -148,5 +178,5 @@ def encode_manifest(manifest: Manifest, table_name: str, where: str) -> tuple[by
         "num_bytes": len(table),
         "sha256": hashlib.sha256(table).hexdigest(),
     }
-    document = {**manifest._document(2), "shard_table": reference}
+    document = {**manifest._document(2), "shard_table": reference}  # 3 with sidecars
     return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"), table

@@ -11,7 +11,11 @@ Two forms, both read by this release:
   ``INLINE_MAX_SHARDS`` shards; older releases read these too);
 - format 2: ``manifest.json`` names a binary shard table (``manifest.shards``, see
   :mod:`shardstream.format.shardtable`) written just before it, with its size and sha256. A
-  million shards then take about 40 MB instead of 200 MB of JSON, and open in milliseconds.
+  million shards then take about 40 MB instead of 200 MB of JSON, and open in milliseconds;
+- format 3: either form, plus sidecars older releases do not know and must not ignore: the
+  samples a version excludes (``excluded``, see :mod:`shardstream.format.exclusions`) and
+  fields attached by key (``columns``, see :mod:`shardstream.format.columns`). A manifest
+  without them is still written as format 1 or 2, byte for byte as before.
 
 Readers refuse versions they do not know instead of guessing.
 """
@@ -19,11 +23,16 @@ Readers refuse versions they do not know instead of guessing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import IO, Any
 
+import numpy as np
+
 from shardstream.errors import ManifestError
+from shardstream.format.columns import ColumnSet
+from shardstream.format.exclusions import Exclusions, excluded_name
 from shardstream.format.manifestfields import (
     check_unique,
     optional_names,
@@ -44,7 +53,9 @@ __all__ = [
 
 FORMAT_NAME = "shardstream-manifest"
 FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+_READABLE_VERSIONS = (1, 2, 3)
+#: The version of a manifest with sidecars older releases must not ignore (either shard form).
+SIDECAR_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +89,9 @@ class Manifest:
             may be written in either form).
         version: The dataset version it describes: 1 for a build, one more for each append
             (see :mod:`shardstream.catalog.versions`); a manifest without the field is version 1.
+        exclusions: The stored samples this version leaves out (``shardstream exclude``), or
+            None; shard counts are then of the kept samples.
+        columns: Fields attached to the samples by key (``shardstream attach``), or None.
 
     Example:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
@@ -95,6 +109,8 @@ class Manifest:
     view: Mapping[str, Any] | None = None
     format_version: int = dataclasses.field(default=FORMAT_VERSION, compare=False)
     version: int = 1
+    exclusions: Exclusions | None = None
+    columns: ColumnSet | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shards, ShardTable):
@@ -112,12 +128,35 @@ class Manifest:
         """Total bytes over all shards."""
         return self.shards.total_bytes
 
+    def stored_samples(self) -> np.ndarray:
+        """Samples each shard file holds: its kept ones plus those this version excludes."""
+        counts = self.shards.num_samples
+        if self.exclusions is None:
+            return counts
+        return counts + self.exclusions.counts(len(self.shards))
+
+    def sidecars(self) -> dict[str, bytes]:
+        """The files besides the shard table that this manifest names, by name (written
+        before it)."""
+        if self.exclusions is None:
+            return {}
+        return {excluded_name(self.version): self.exclusions.encoded}
+
     def _document(self, version: int) -> dict[str, Any]:
         roots: dict[str, Any] = {
             "shard_root": self.shard_root, "index_root": self.index_root, "view": self.view,
         }  # fmt: skip
         if self.version != 1:  # a build's manifest stays as before versions existed
             roots["version"] = self.version
+        if self.exclusions is not None:
+            data = self.exclusions.encoded
+            roots["excluded"] = {
+                "name": excluded_name(self.version), "num_bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(), "num_samples": len(self.exclusions),
+            }  # fmt: skip
+            version = SIDECAR_FORMAT
+        if self.columns is not None:
+            roots["columns"], version = self.columns.as_dict(), SIDECAR_FORMAT
         return {
             **{key: value for key, value in roots.items() if value is not None},
             "format": FORMAT_NAME,
@@ -155,7 +194,11 @@ class Manifest:
 
     @classmethod
     def from_json(
-        cls, text: str | bytes, where: str = "manifest", table: ShardTable | None = None
+        cls,
+        text: str | bytes,
+        where: str = "manifest",
+        table: ShardTable | None = None,
+        exclusions: Exclusions | None = None,
     ) -> Manifest:
         """Parse manifest JSON; ``where`` names the file in errors.
 
@@ -163,12 +206,17 @@ class Manifest:
             text: The JSON.
             where: Names the file in errors.
             table: The shard table of a format-2 manifest (see :func:`read_manifest`).
+            exclusions: The exclusion list a format-3 manifest names (read by
+                :func:`read_manifest`).
         """
         document = parse_document(text, where)
         version = document.get("format_version")
+        if ("excluded" in document) != (exclusions is not None):
+            raise ManifestError(f"{where}: its exclusion list was not read with it")
         try:
             shards = table
-            if version == 1:
+            inline = "shard_table" not in document and version == SIDECAR_FORMAT
+            if version == 1 or inline:
                 shards = ShardTable.of(shard_info(entry, where) for entry in document["shards"])
                 check_unique(shards, where)
             elif shards is None:
@@ -184,6 +232,8 @@ class Manifest:
                 view=optional_view(document.get("view"), where),
                 format_version=int(version),  # type: ignore[arg-type]
                 version=document.get("version", 1),
+                exclusions=exclusions,
+                columns=_columns(document.get("columns"), where),
             )
         except (KeyError, TypeError, ValueError) as error:
             if isinstance(error, ManifestError):
@@ -198,6 +248,10 @@ class Manifest:
                     f"{where}: {field} {document[field]} disagrees with the shard list ({value})"
                 )
         return manifest
+
+
+def _columns(entry: Any, where: str) -> ColumnSet | None:
+    return None if entry is None else ColumnSet.from_dict(entry, where)
 
 
 def parse_document(text: str | bytes, where: str) -> dict[str, Any]:

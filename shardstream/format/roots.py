@@ -49,6 +49,8 @@ def view_selection(dataset: Store, manifest: Manifest) -> Selection | None:
     if manifest.index_root is None and manifest.shard_root is None:
         raise ManifestError(f"{dataset.shown()}: a view must name its source's shards")
     select = dict(manifest.view["select"])
+    if select.get("kind") == "where":  # a view by fields keeps samples by its exclusion list
+        return None
     keys = None
     if select.get("kind") == "keys":
         data = dataset.read_bytes(str(select.get("file")))

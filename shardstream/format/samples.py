@@ -8,13 +8,14 @@ reader.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 from shardstream.errors import ShardFormatError
 from shardstream.format.keys import split_key
 from shardstream.format.tarreader import Sample, TarReader
 
-__all__ = ["MAX_MEMBERS_PER_SAMPLE", "iter_samples"]
+__all__ = ["KEY_READ_BYTES", "MAX_MEMBERS_PER_SAMPLE", "iter_samples", "key_at"]
 
 #: Members of one sample (key) at most; real samples have a handful.
 MAX_MEMBERS_PER_SAMPLE = 1024
@@ -65,3 +66,23 @@ def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sa
         current, current_offset = {"__key__": key, "__url__": reader.url, extension: data}, offset
     if current is not None:
         yield current, current_offset
+
+
+#: Bytes read to find a sample's key: its first header, and a long name or pax header before it.
+KEY_READ_BYTES = 8192
+
+
+def key_at(data: bytes, url: str) -> str:
+    """The key of the sample whose bytes start ``data`` (at least its first member's headers).
+
+    Example:
+        >>> from shardstream.format.tarheader import member_header
+        >>> key_at(member_header("a/b.jpg", 3) + b"abc", "x.tar")
+        'a/b'
+    """
+    reader = TarReader(io.BytesIO(data), url, seekable=True)
+    member = reader.next_member(want_data=False)
+    parts = split_key(member[0]) if member is not None else None
+    if parts is None:
+        raise ShardFormatError(f"{url}: no sample starts at this index offset; run verify")
+    return parts[0]

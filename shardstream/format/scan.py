@@ -15,6 +15,7 @@ import hashlib
 from typing import IO, Any
 
 from shardstream.errors import ShardFormatError
+from shardstream.format.digests import sample_digest
 from shardstream.format.keys import key_hash
 from shardstream.format.samples import iter_samples
 from shardstream.format.tarheader import BLOCK
@@ -34,6 +35,8 @@ class ShardScan:
         offsets: Byte offset of every sample, then where the last one ends (the index), or
             None for a gzipped shard (its offsets cannot be read by byte range).
         key_hashes: The key hash of every sample (see :func:`~shardstream.format.keys.key_hash`).
+        digests: The content digest of every sample (16 bytes each, see
+            :mod:`~shardstream.format.digests`), or None when the scan hopped over member data.
         first_key: Key of the first sample ("" when there is none).
         last_key: Key of the last sample.
         skipped_members: Entries that are not files (directories, links), passed over.
@@ -49,6 +52,7 @@ class ShardScan:
     sha256: str | None = None
     offsets: array.array[int] | None = None
     key_hashes: list[int] = dataclasses.field(default_factory=list)
+    digests: bytes | None = None
     first_key: str = ""
     last_key: str = ""
     skipped_members: int = 0
@@ -85,8 +89,8 @@ def scan_shard(
 ) -> ShardScan:
     """Read the shard in ``stream`` (at byte 0) to its end and describe it.
 
-    With ``checksum`` every byte is read and hashed; without, a seekable (local) stream hops
-    over member data, which reads only the headers.
+    With ``checksum`` every byte is read and hashed, and every sample's content digested;
+    without, a seekable (local) stream hops over member data, which reads only the headers.
 
     Args:
         stream: The shard's bytes.
@@ -105,9 +109,12 @@ def scan_shard(
     scan = ShardScan()
     offsets: list[int] = []
     seen: set[int] = set()
+    digests = bytearray()
     complete = False
     try:
-        for sample, offset in iter_samples(reader, want_data=False):
+        for sample, offset in iter_samples(reader, want_data=not hop):
+            if not hop:
+                digests += sample_digest(sample)
             key = sample["__key__"]
             hashed = key_hash(key)
             if hashed in seen:
@@ -131,6 +138,7 @@ def scan_shard(
     scan.sha256 = counting.hash.hexdigest() if counting.hash is not None else None
     if complete and not reader.compressed:
         scan.offsets = array.array("Q", offsets)
+        scan.digests = None if hop else bytes(digests)
     scan.skipped_members, scan.stray_files = reader.skipped_members, reader.stray_files
     scan.skipped_example = reader.skipped_example
     return scan

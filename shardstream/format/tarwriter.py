@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import IO
 
+from shardstream.format.digests import sample_members_digest
 from shardstream.format.keys import key_hash
 from shardstream.format.tarheader import BLOCK, member_header
 
@@ -39,14 +40,27 @@ class TarShardWriter:
         self.sample_offsets: list[int] = []
         #: The key hash of every sample (:func:`~shardstream.format.keys.key_hash`).
         self.key_hashes: list[int] = []
+        #: The content digest of every sample (:mod:`~shardstream.format.digests`).
+        self.digests: list[bytes] = []
+        self._key = ""
+        self._members: list[tuple[str, bytes]] = []  # the sample being written, for its digest
 
     def start_sample(self, key: str) -> None:
         """Mark that the next member begins sample ``key`` (its offset and key go to the index)."""
+        self._digest_sample()
         self.sample_offsets.append(self.num_bytes)
         self.key_hashes.append(key_hash(key))
+        self._key = key
+
+    def _digest_sample(self) -> None:
+        if len(self.digests) < len(self.key_hashes):
+            self.digests.append(sample_members_digest(self._members))
+        self._members = []
 
     def write_member(self, name: str, data: bytes) -> None:
         """Append one member (header, data, zero padding)."""
+        if self.key_hashes and name.startswith(self._key + "."):
+            self._members.append((name[len(self._key) + 1 :], data))
         header = member_header(name, len(data))
         padding = -len(data) % BLOCK
         self._write(header)
@@ -56,6 +70,7 @@ class TarShardWriter:
 
     def finish(self) -> None:
         """Write the two zero blocks that end a tar archive."""
+        self._digest_sample()
         self.sample_offsets.append(self.num_bytes)
         self._write(_ZEROS + _ZEROS)
 

@@ -57,11 +57,12 @@ def timm_info_json(manifest: Manifest, split: str = TIMM_SPLIT) -> str:
             f"timm split name {split!r} cannot be used: it must be non-empty and contain neither "
             "'tar' nor '..', which timm reads as a shard pattern. Use e.g. 'train' or 'validation'."
         )
+    stored = manifest.stored_samples()  # timm reads every sample a file holds
     entry = {
         "filenames": [shard.name for shard in manifest.shards],
         "name": split,
-        "num_samples": manifest.num_samples,
-        "shard_lengths": [shard.num_samples for shard in manifest.shards],
+        "num_samples": int(stored.sum()),
+        "shard_lengths": stored.tolist(),
     }
     return json.dumps({"splits": {split: entry}}, indent=1, sort_keys=True) + "\n"
 

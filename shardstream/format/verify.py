@@ -17,7 +17,7 @@ from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.scan import scan_shard
 from shardstream.format.selection import Selection
-from shardstream.format.shardindex import decode_offsets
+from shardstream.format.shardindex import decode_index
 from shardstream.storage import StorageOptions, Store, as_store
 
 __all__ = ["check_shard", "find_problems", "verify_dataset"]
@@ -73,15 +73,21 @@ def find_problems(
         bool(settings.get("indexed", False)),
     )
     problems: list[str] = []
+    excluded = manifest.exclusions
     for number, shard in enumerate(manifest.shards, start=1):
-        problems.extend(check_shard(where.shards, shard, where))
+        positions = None if excluded is None else excluded.positions(number - 1)
+        problems.extend(check_shard(where.shards, shard, where, positions))
         if progress is not None:
             progress(number)
     return problems
 
 
-def check_shard(dataset: Store, shard: ShardInfo, where: _Where | None = None) -> list[str]:
-    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index)."""
+def check_shard(
+    dataset: Store, shard: ShardInfo, where: _Where | None = None,
+    excluded: np.ndarray | None = None,
+) -> list[str]:  # fmt: skip
+    """Mismatches of one shard (missing, size, sha256, sample count, member layout, index);
+    ``excluded``: the stored positions the version leaves out (not counted in the manifest)."""
     where = where or _Where(dataset, dataset, None, False, False)
     try:
         with dataset.open_read(shard.name) as stream:
@@ -98,32 +104,47 @@ def check_shard(dataset: Store, shard: ShardInfo, where: _Where | None = None) -
             f"{scan.skipped_example!r} (not KEY.EXT file members)"
         )
     if shard.index is not None and scan.offsets is not None:
-        problems.extend(_check_index(where.indexes, shard, scan.offsets))
+        problems.extend(_check_index(where.indexes, shard, scan.offsets, scan.digests))
     if scan.num_bytes != shard.num_bytes:
         problems.append(
             f"{shard.name}: size expected {shard.num_bytes} bytes, found {scan.num_bytes}"
         )
     if shard.sha256 is not None and scan.sha256 != shard.sha256:
         problems.append(f"{shard.name}: sha256 expected {shard.sha256}, found {scan.sha256}")
-    found = scan.num_samples
+    kept = np.ones(scan.num_samples, dtype=bool)
     if where.selection is not None:
-        found = int(where.selection.keep(np.asarray(scan.key_hashes, np.int64)).sum())
+        kept = where.selection.keep(np.asarray(scan.key_hashes, np.int64))
+    if excluded is not None and len(excluded):
+        if int(excluded[-1]) >= scan.num_samples:
+            problems.append(f"{shard.name}: excludes sample {int(excluded[-1])}, beyond its end")
+        kept[excluded[excluded < scan.num_samples]] = False
+    found = int(kept.sum())
     if found != shard.num_samples:
         problems.append(f"{shard.name}: samples expected {shard.num_samples}, found {found}")
     return problems
 
 
-def _check_index(dataset: Store, shard: ShardInfo, offsets: Sequence[int]) -> list[str]:
-    """Compare the shard's index with the sample offsets found while scanning the shard."""
+def _check_index(
+    dataset: Store, shard: ShardInfo, offsets: Sequence[int], digests: bytes | None
+) -> list[str]:
+    """Compare the shard's index with the sample offsets (and content digests) found while
+    scanning the shard."""
     index = shard.index or ""
     try:
-        stored = decode_offsets(dataset.read_bytes(index), index)
+        decoded = decode_index(dataset.read_bytes(index), index)
     except FileNotFoundError:
         return [f"{shard.index}: index missing (the manifest names it for {shard.name})"]
     except ShardFormatError as error:
         return [str(error)]
+    stored = decoded.offsets
     if list(stored) == list(offsets):
-        return []
+        if decoded.digests is None or digests is None or decoded.digests.tobytes() == digests:
+            return []
+        found = np.frombuffer(digests, np.uint8).reshape(-1, 16)
+        if len(found) != len(decoded.digests):
+            return [f"{shard.index}: content digests do not match {shard.name}'s samples"]
+        sample = int(np.flatnonzero(np.any(found != decoded.digests, axis=1))[0])
+        return [f"{shard.index}: sample {sample}'s content digest differs from {shard.name}'s"]
     if len(stored) != len(offsets):
         return [
             f"{shard.index}: index has {len(stored)} offsets, {shard.name} needs {len(offsets)} "

@@ -16,6 +16,7 @@ from shardstream.catalog.partitions import merge_partitions
 from shardstream.catalog.views import make_view, split_dataset
 from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter.build import ProgressCallback, build_shards
+from shardstream.shardwriter.compact import compact_dataset
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.partitions import write_partition
 
@@ -24,6 +25,7 @@ __all__ = [
     "IndexOptions",
     "ProgressCallback",
     "build_shards",
+    "compact_dataset",
     "index_shards",
     "make_view",
     "merge_partitions",

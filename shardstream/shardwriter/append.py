@@ -164,6 +164,8 @@ def _publish(
         skipped=base.skipped + skipped,
         created_by=f"shardstream {__version__}",
         version=base.version + 1,
+        exclusions=base.exclusions,  # the new shards come after: shard numbers stay
+        columns=base.columns,  # the new shards have no field files: their fields are None
     )
     write_timm_info(dest, manifest)  # like the shards, it precedes the manifest
     publish_version(dest, manifest)

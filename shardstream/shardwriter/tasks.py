@@ -221,6 +221,6 @@ class _ShardRoller:
         # The index is written after its part, so a part counts as done only with its index.
         index = index_name(name)
         with self._task.state.open_atomic_write(index) as stream:
-            stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes))
+            stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes, writer.digests))
         self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

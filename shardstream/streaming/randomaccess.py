@@ -20,7 +20,7 @@ from typing import Any, cast
 import numpy as np
 import torch.utils.data
 
-from shardstream.catalog.shardlist import Source, resolve_source
+from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
 from shardstream.streaming.control.context import current_context
@@ -120,7 +120,8 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         """The position of the sample with ``key``.
 
         Raises:
-            KeyError: No sample has that key.
+            KeyError: No sample has that key; for a key this version excludes, the message
+                names the version that excluded it.
         """
         hashes, positions = self._key_table()
         wanted = key_hash(key)
@@ -129,6 +130,14 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         for position in positions[first:last].tolist():  # equal hashes: compare the keys
             if self.raw(position)["__key__"] == key:
                 return int(position)
+        version = _excluded_in(self.shards, self.reader(), wanted)
+        if version == 0:  # the exclusion list of a view by fields (make_view(..., where=...))
+            raise KeyError(f"{key!r}: its fields do not satisfy this view's predicate")
+        if version is not None:
+            raise KeyError(
+                f"{key!r}: excluded from the dataset in version {version} (`shardstream "
+                f"exclude`); this is version {self.version}. Read version={version - 1} for it."
+            )
         raise KeyError(key)
 
     def by_key(self, key: str) -> Any:
@@ -213,3 +222,18 @@ class EvaluationPart(torch.utils.data.Dataset):
         sample = self.dataset.raw(position % total)
         sample["__valid__"] = position < total
         return self.dataset.convert(sample)
+def _excluded_in(shards: ShardList, reader: ShardReader, key_hash: int) -> int | None:
+    """The version that excluded a sample with ``key_hash`` (None: none did); reads the
+    indexes of the shards with exclusions, so it is for a key that was not found."""
+    for number, source in enumerate(shards.sources):
+        if source.exclusions is None:
+            continue
+        for local in source.exclusions.shards().tolist():
+            index = reader.index(int(shards.firsts[number]) + local)
+            if index is None or index.key_hashes is None:
+                continue
+            positions = source.exclusions.positions(local)
+            found = np.flatnonzero(index.key_hashes[positions] == key_hash)
+            if len(found):
+                return source.exclusions.version_of(local, int(positions[found[0]]))
+    return None

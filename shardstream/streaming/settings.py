@@ -117,6 +117,7 @@ class Settings:
             options.max_member_bytes, options.memory_map, self.on_error, tag_streams,
             max(8, min(self.order.num_open, file_budget(0.25, 4096))),
             max(256, 2 * self.order.num_open),
+            fields=options.output == "dict",  # pairs are (image, label): no other field
         )  # fmt: skip
 
     def plan_layout(self, physical: Layout) -> Layout:

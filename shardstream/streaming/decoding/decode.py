@@ -58,6 +58,8 @@ def split_sample(
                 label = int(value if isinstance(value, bytes) else bytes(value))
             except ValueError:  # decode_member raises the error that names shard and key
                 label = int(codecs.decode_member(extension, value, _where(sample)))
+        elif isinstance(value, (str, int, float, list, dict)) or value is None:
+            fields[extension] = value  # a field attached by key (`shardstream attach`)
         else:
             fields[extension] = codecs.decode_member(extension, value, _where(sample), allow_pickle)
     return image, label, fields

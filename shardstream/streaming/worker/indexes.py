@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from shardstream.errors import ShardFormatError
-from shardstream.format.shardindex import ShardIndex, decode_index
+from shardstream.format.shardindex import ShardIndex, decode_index, index_version
 from shardstream.storage import Store
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.remote.batchread import read_ranges
@@ -96,7 +96,11 @@ class IndexCache:
         try:
             if isinstance(data, OSError):  # StorageError is an OSError too
                 raise data
-            if num_samples is not None and len(data) > _index_end(num_samples):
+            if (
+                num_samples is not None
+                and len(data) > _index_end(num_samples)
+                and index_version(data) < 3  # a version 3 names its count in its header
+            ):
                 # More samples than the manifest says (one was read past them): read it
                 # whole, so the message names both counts.
                 (data,) = read_ranges(self._store, [(name, _index_end(None))])
@@ -112,7 +116,7 @@ class IndexCache:
 
 def _index_end(num_samples: int | None) -> int:
     """The size of a version-2 index of ``num_samples`` (header, offsets and end, key hashes),
-    at most the limit+1."""
+    at most the limit+1; 8 bytes more are a version-3 index up to its digests."""
     if num_samples is None:
         return _MAX_INDEX_BYTES + 1
     return min(_MAX_INDEX_BYTES + 1, 16 + 8 * (num_samples + 1) + 8 * num_samples)

@@ -21,6 +21,7 @@ from shardstream.catalog.shardlist import ShardList, ShardSpec
 from shardstream.errors import ShardFormatError, StorageError
 from shardstream.format.shardindex import ShardIndex
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, is_gzip_name
+from shardstream.streaming.worker.fields import FieldCache
 from shardstream.streaming.worker.indexes import IndexCache, OffsetIndex
 from shardstream.streaming.worker.pieces import open_piece
 
@@ -41,6 +42,7 @@ class ReadSettings:
         max_idle_handles: Idle local file handles kept open between pieces.
         max_indexes: Shard indexes kept loaded (a window reads from up to ``num_open`` shards;
             8 to 16 bytes per sample each).
+        fields: Add fields attached by key (``shardstream attach``) to the samples.
     """
 
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
@@ -49,6 +51,7 @@ class ReadSettings:
     tag_streams: bool = False
     max_idle_handles: int = 64
     max_indexes: int = 256
+    fields: bool = True
 
 
 @dataclasses.dataclass
@@ -85,6 +88,7 @@ class ShardReader:
             IndexCache.shared(source.indexes, settings.max_indexes) for source in shards.sources
         ]
         self._walked = OffsetIndex()
+        self._fields = FieldCache()
         self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
         self._specs: dict[int, ShardSpec] = {}  # recent shards' specs (a piece asks twice)
         self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
@@ -112,12 +116,18 @@ class ShardReader:
         missing sample, so batch boundaries do not move) and the samples are counted.
         """
         spec = self._spec(shard)
-        selection = self.shards.sources[spec.store_index].selection
         index = self._index_of(spec)
-        if selection is not None:
+        if self._filtered(spec):
             samples = self._selected(shard, spec, index, first, stop)
         else:
             samples = self._range(spec, first, stop, index.offsets if index else None)
+        source = self.shards.sources[spec.store_index]
+        if source.columns is not None and self.settings.fields:  # fields attached by key
+            positions = self._positions(shard, spec, index, first, stop)
+            local = self.shards.locate(shard)[1]
+            samples = self._fields.attach(
+                samples, source, local, spec.name, spec.store_index, positions
+            )
         settings = self.settings
         if settings.tag_streams:
             samples = _tagged(samples, spec.store_index)
@@ -139,6 +149,8 @@ class ShardReader:
             spec = self._spec(shard)
             source = self.shards.sources[spec.store_index]
             if source.selection is None and self._ranges[spec.store_index].announces:
+                if spec.excluded:  # the stored span that holds the kept samples
+                    first, stop = _stored_span(self._kept_ordinals(shard, spec, None), first, stop)
                 wanted.append((spec, first, stop))  # views read runs of kept samples
         self._preload_indexes([spec for spec, _, _ in wanted])
         ranges: dict[int, list[tuple[str, int, int]]] = {}
@@ -178,15 +190,28 @@ class ShardReader:
     def kept(self, shard: int) -> np.ndarray | None:
         """A view's kept ordinals of shard number ``shard`` (None outside views)."""
         spec = self.shards.spec(shard)
-        if self.shards.sources[spec.store_index].selection is None:
+        if not self._filtered(spec):
             return None
         return self._kept_ordinals(shard, spec, self._index_of(spec))
+
+    def _positions(
+        self, shard: int, spec: ShardSpec, index: ShardIndex | None, first: int, stop: int | None
+    ) -> Sequence[int]:
+        """The stored positions of kept samples ``[first, stop)`` of a shard."""
+        if self._filtered(spec):
+            return self._kept_ordinals(shard, spec, index)[first:stop].tolist()
+        return range(first, (spec.num_samples or 0) if stop is None else stop)
+
+    def _filtered(self, spec: ShardSpec) -> bool:
+        """Whether the shard's read samples are not all it stores (a view's, or exclusions)."""
+        return bool(spec.excluded) or self.shards.sources[spec.store_index].selection is not None
 
     def _index_of(self, spec: ShardSpec) -> ShardIndex | None:
         if spec.index is None or is_gzip_name(spec.name):
             return None
         view = self.shards.sources[spec.store_index].selection is not None
-        count = None if view else spec.num_samples  # a view's count is of kept samples
+        # A view's count is of kept samples; a version's counts leave its exclusions out.
+        count = None if view or spec.num_samples is None else spec.num_samples + spec.excluded
         return self._indexes[spec.store_index].get(spec.index, count, spec.num_bytes)
 
     def _range(
@@ -223,16 +248,21 @@ class ShardReader:
     def _kept_ordinals(self, shard: int, spec: ShardSpec, index: ShardIndex | None) -> np.ndarray:
         kept = self._kept.get(shard)
         if kept is None:
-            if index is None or index.key_hashes is None:
+            source = self.shards.sources[spec.store_index]
+            hashes = None if index is None else index.key_hashes
+            if source.selection is not None and hashes is None:
                 raise ShardFormatError(
                     f"{spec.name}: a view reads its shards through their indexes' key hashes, "
                     "and this shard's index has none (or is missing); run `shardstream index` "
                     "on the source dataset"
                 )
-            selection = self.shards.sources[spec.store_index].selection
-            if selection is None:
-                raise ShardFormatError(f"{spec.name}: not a view's shard")
-            kept = np.flatnonzero(selection.keep(index.key_hashes))
+            stored = (spec.num_samples or 0) + spec.excluded
+            try:
+                kept = source.kept(self.shards.locate(shard)[1], stored, hashes)
+            except ValueError as error:
+                raise ShardFormatError(
+                    f"{spec.name}: {error}; the exclusion list is corrupt"
+                ) from error
             if len(self._kept) >= 64:
                 self._kept.clear()
             self._kept[shard] = kept
@@ -261,6 +291,12 @@ class ShardReader:
         back)."""
         for ranges in self._ranges:
             ranges.close()
+
+
+def _stored_span(kept: np.ndarray, first: int, stop: int | None) -> tuple[int, int | None]:
+    """The stored positions ``[a, b)`` that hold kept samples ``[first, stop)``."""
+    chosen = kept[first:stop]
+    return (int(chosen[0]), int(chosen[-1]) + 1) if len(chosen) else (0, 0)
 
 
 def _tagged(samples: Iterator[Any], stream: int) -> Iterator[Any]:

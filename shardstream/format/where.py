@@ -1,0 +1,107 @@
+"""Predicates over attached fields: ``"aesthetic >= 5 and not nsfw"``, evaluated per shard.
+
+A predicate is a Python expression of field names, constants, comparisons (``<``, ``<=``,
+``>``, ``>=``, ``==``, ``!=``, ``in``, ``not in`` a list), ``and``, ``or``, ``not`` and
+parentheses; nothing else parses (no calls, no attributes), so a predicate from a command line
+runs no code. It is evaluated over a shard's Arrow table of fields with ``pyarrow.compute``; a
+null value never satisfies a comparison.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from shardstream.errors import ConfigError
+from shardstream.format.columns import import_arrow
+
+__all__ = ["Predicate"]
+
+_COMPARE = {
+    ast.Lt: "less", ast.LtE: "less_equal", ast.Gt: "greater", ast.GtE: "greater_equal",
+    ast.Eq: "equal", ast.NotEq: "not_equal",
+}  # fmt: skip
+
+
+class Predicate:
+    """A parsed predicate over fields.
+
+    Args:
+        text: The expression, e.g. ``"aesthetic >= 5 and label in [1, 2]"``.
+
+    Example:
+        >>> Predicate("aesthetic >= 5 and not nsfw").fields
+        ['aesthetic', 'nsfw']
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        try:
+            self._tree = ast.parse(text, mode="eval").body
+        except SyntaxError as error:
+            raise ConfigError(f"where {text!r}: not an expression ({error.msg})") from None
+        self.fields = sorted(set(self._names(self._tree)))
+
+    def _names(self, node: ast.AST) -> Iterable[str]:
+        if isinstance(node, ast.Name):
+            yield node.id
+        elif isinstance(node, ast.BoolOp):
+            for value in node.values:
+                yield from self._names(value)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield from self._names(node.operand)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+            yield from self._names(node.left)
+            yield from self._names(node.comparators[0])
+        elif not isinstance(node, (ast.Constant, ast.List, ast.Tuple)):
+            raise ConfigError(
+                f"where {self.text!r}: {ast.unparse(node)!r} is not allowed; use field names, "
+                "constants, comparisons (one operator each), in [...], and, or, not"
+            )
+
+    def mask(self, table: Any) -> np.ndarray:
+        """Which rows of an Arrow table of fields satisfy the predicate (a boolean array).
+
+        Raises:
+            ConfigError: The predicate names a field the table does not have.
+        """
+        missing = [name for name in self.fields if name not in table.column_names]
+        if missing:
+            raise ConfigError(
+                f"where {self.text!r}: no field {missing[0]!r} (attached fields: "
+                f"{', '.join(table.column_names) or 'none'})"
+            )
+        arrow = import_arrow()
+        value = self._evaluate(self._tree, table, arrow)
+        if isinstance(value, arrow.Scalar) or not hasattr(value, "type"):
+            value = arrow.array([value.as_py() if hasattr(value, "as_py") else value] * len(table))
+        return np.asarray(arrow.compute.fill_null(value, False).to_numpy(zero_copy_only=False))
+
+    def _evaluate(self, node: ast.AST, table: Any, arrow: Any) -> Any:
+        compute = arrow.compute
+        if isinstance(node, ast.Name):
+            return table.column(node.id)
+        if isinstance(node, ast.Constant):
+            return arrow.scalar(node.value)
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return [element.value for element in node.elts if isinstance(element, ast.Constant)]
+        if isinstance(node, ast.BoolOp):
+            combine = compute.and_kleene if isinstance(node.op, ast.And) else compute.or_kleene
+            result = self._evaluate(node.values[0], table, arrow)
+            for value in node.values[1:]:
+                result = combine(result, self._evaluate(value, table, arrow))
+            return result
+        if isinstance(node, ast.UnaryOp):
+            return compute.invert(self._evaluate(node.operand, table, arrow))
+        if not isinstance(node, ast.Compare):  # never: _names let nothing else through
+            raise ConfigError(f"where {self.text!r}: cannot evaluate {ast.unparse(node)!r}")
+        left = self._evaluate(node.left, table, arrow)
+        right = self._evaluate(node.comparators[0], table, arrow)
+        operator = type(node.ops[0])
+        if operator in (ast.In, ast.NotIn):
+            found = compute.is_in(left, value_set=arrow.array(right))
+            return found if operator is ast.In else compute.invert(found)
+        return getattr(compute, _COMPARE[operator])(left, right)
