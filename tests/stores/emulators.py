@@ -89,11 +89,12 @@ def azurite_executable() -> pathlib.Path:
 
     npm writes into a fresh folder that is renamed into place only when the install finished,
     so an interrupted or concurrent install never leaves a folder that looks installed but
-    misses modules (Azurite then exits at start with MODULE_NOT_FOUND).
+    misses modules (Azurite then exits at start with MODULE_NOT_FOUND). The marker counts only
+    while the executable is there too.
     """
     folder = pathlib.Path(os.environ.get("SHARDSTREAM_AZURITE_DIR", REPOSITORY / ".cache/azurite"))
     executable = folder / "node_modules" / ".bin" / "azurite-blob"
-    if (folder / _INSTALLED).exists():
+    if (folder / _INSTALLED).exists() and executable.exists():
         return executable
     npm = shutil.which("npm")
     if npm is None:
@@ -105,8 +106,9 @@ def azurite_executable() -> pathlib.Path:
                     f"azurite@{AZURITE_VERSION}"], check=True, capture_output=True,
                    timeout=600)  # fmt: skip
     (partial / _INSTALLED).write_text(AZURITE_VERSION)
-    if not (folder / _INSTALLED).exists():
-        shutil.rmtree(folder, ignore_errors=True)  # an install from before this check
+    if not (folder / _INSTALLED).exists() or not executable.exists():
+        shutil.rmtree(folder, ignore_errors=True)  # an install from before this check, or one
+        # whose files were removed under its marker (a checkout that once tracked them)
         with contextlib.suppress(OSError):  # another process finished first: use its install
             partial.rename(folder)
     shutil.rmtree(partial, ignore_errors=True)
