@@ -44,12 +44,15 @@ class PeerRun:
         batches: Written positions of each batch's samples, in loader order.
         seconds: Wall time of the epoch, from ``iter(loader)`` (worker start included) to the end.
         worker_uss_mb: Peak over the epoch of the summed USS of the loader's worker processes.
+        requests: For a remote read, what the server answered: ``(shard GETs, their mean
+            bytes, other requests)``.
     """
 
     name: str
     batches: list[np.ndarray]
     seconds: float
     worker_uss_mb: float
+    requests: tuple[int, float, int] | None = None
 
     def positions(self) -> np.ndarray:
         """All written positions in the order the loader yielded them."""

@@ -178,14 +178,14 @@ def build(
     return time.perf_counter() - start
 
 
-def boto3_client(info: dict[str, str]) -> Any:
+def boto3_client(info: dict[str, str], connections: int = 8) -> Any:
     import boto3
     from botocore.config import Config
 
     return boto3.client(
         "s3", endpoint_url=info["endpoint_url"], aws_access_key_id=info["aws_access_key_id"],
         aws_secret_access_key=info["aws_secret_access_key"], region_name=info["region"],
-        config=Config(s3={"addressing_style": "path"}, max_pool_connections=8),
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=connections),
     )  # fmt: skip
 
 

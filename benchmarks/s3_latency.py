@@ -37,6 +37,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -103,9 +104,12 @@ def run_epochs(rows: dict[int, Row], epochs: int, skip: frozenset[int]) -> None:
                 row.samples += samples
 
 
-def _plain_gets(args: tuple[dict[str, Any], list[tuple[str, int, int]], int]) -> int:
+def plain_gets(args: tuple[dict[str, Any], list[tuple[str, int, int]], int]) -> int:
+    """Bytes of ``ranges`` (``(key, start, end)`` in bucket ``bench``) read with boto3's
+    ``get_object`` on ``threads`` threads, with a connection for each thread (botocore's pool
+    of 8 would open and drop a connection for every request past 8 in flight)."""
     info, ranges, threads = args
-    s3 = boto3_client({**info, "endpoint_url": info["endpoint_url"]})
+    s3 = boto3_client(info, connections=max(8, threads))
 
     def get(item: tuple[str, int, int]) -> int:
         key, start, end = item
@@ -116,33 +120,46 @@ def _plain_gets(args: tuple[dict[str, Any], list[tuple[str, int, int]], int]) ->
         return sum(pool.map(get, ranges))
 
 
+def shuffled_ranges(objects: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """Every 2 MiB range of ``objects`` (``(key, size)``), in a seeded random order."""
+    ranges = [(key, start, min(size, start + PIECE_BYTES))
+              for key, size in objects for start in range(0, size, PIECE_BYTES)]  # fmt: skip
+    random.Random(0).shuffle(ranges)
+    return ranges
+
+
 def _shuffled_ranges(info: dict[str, str], prefix: str) -> list[tuple[str, int, int]]:
     """Every 2 MiB range of the ``.tar`` objects under ``prefix``, in a seeded random order."""
     s3 = boto3_client(info)
     listing = s3.list_objects_v2(Bucket="bench", Prefix=prefix)["Contents"]
-    ranges = [(item["Key"], start, min(item["Size"], start + PIECE_BYTES))
-              for item in listing if item["Key"].endswith(".tar")
-              for start in range(0, item["Size"], PIECE_BYTES)]  # fmt: skip
-    random.Random(0).shuffle(ranges)
-    return ranges
+    return shuffled_ranges([(item["Key"], item["Size"]) for item in listing
+                            if item["Key"].endswith(".tar")])  # fmt: skip
+
+
+def cpu_per_gb(work: Callable[[Any], int], config: Any, ranges: list[Any], threads: int) -> float:
+    """Client CPU seconds per GB of ``work((config, ranges, threads))`` (returns bytes read)
+    run by 2 processes on alternate ranges, after both warmed up (imports, connections) on
+    the first 8 ranges with 1 thread."""
+    halves = [(config, ranges[0::2], threads), (config, ranges[1::2], threads)]
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(work, [(config, ranges[:8], 1)] * 2))
+        before = cpu_seconds()
+        total = sum(pool.map(work, halves))
+    return (cpu_seconds() - before) / (total / 1e9)
 
 
 def plain_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -> float:
     """Client CPU seconds per GB of 2 MiB ranged GETs with boto3, 2 processes x ``threads``."""
     ranges = _shuffled_ranges(info, prefix)
-    routed = {**info, "endpoint_url": endpoint}
-    halves = [(routed, ranges[0::2], threads), (routed, ranges[1::2], threads)]
-    with ProcessPoolExecutor(2) as pool:
-        list(pool.map(_plain_gets, [(routed, ranges[:8], 1)] * 2))  # warm: imports, connections
-        before = cpu_seconds()
-        total = sum(pool.map(_plain_gets, halves))
-    return (cpu_seconds() - before) / (total / 1e9)
+    return cpu_per_gb(plain_gets, {**info, "endpoint_url": endpoint}, ranges, threads)
 
 
-def _store_gets(args: tuple[dict[str, Any], str, list[tuple[str, int, int]], int]) -> int:
+def store_gets(args: tuple[tuple[dict[str, Any], str], list[tuple[str, int, int]], int]) -> int:
+    """Bytes of ``ranges`` (``(key, start, end)``, the key's last part a file under ``root``)
+    read through ``Store(root, options).open_read`` on ``threads`` threads."""
     from shardstream.storage import Store
 
-    options, root, ranges, threads = args
+    (options, root), ranges, threads = args
     store = Store(root, options)
 
     def get(item: tuple[str, int, int]) -> int:
@@ -162,13 +179,8 @@ def store_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -
     shardstream's S3 path alone (``Store.open_read``: presigned GETs, spans, retries, reused
     buffers), same processes and threads; no tar parsing, planning or batches."""
     ranges = _shuffled_ranges(info, prefix)
-    options, root = options_for(info, endpoint), f"s3://bench/{prefix.rstrip('/')}"
-    halves = [(options, root, ranges[0::2], threads), (options, root, ranges[1::2], threads)]
-    with ProcessPoolExecutor(2) as pool:
-        list(pool.map(_store_gets, [(options, root, ranges[:8], 1)] * 2))  # warm, as plain_loop
-        before = cpu_seconds()
-        total = sum(pool.map(_store_gets, halves))
-    return (cpu_seconds() - before) / (total / 1e9)
+    root = f"s3://bench/{prefix.rstrip('/')}"
+    return cpu_per_gb(store_gets, (options_for(info, endpoint), root), ranges, threads)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

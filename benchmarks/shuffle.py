@@ -16,11 +16,19 @@ written position. Figures, each the mean over ``--seeds`` loader seeds:
 Rows: a random permutation and no shuffle (computed, no loader), shardstream with its defaults
 (also at 0 and 8 workers, at 4 ranks x 2 workers with every rank's batches, for a two-dataset
 mixture, and on the same shards without a manifest), shardstream tuned (more lanes), shardstream
-with the whole-shard order of 0.2, webdataset with 1,000- and 10,000-sample buffers,
-mosaic-streaming (py1e, its default, and py1s) and litdata (``shuffle=True``). Peers that are
-not installed are skipped with a note: ``pip install mosaicml-streaming litdata``.
+with the whole-shard order of 0.2, the remote order's numbers applied to the shards on disk
+(1 rank, and 4 ranks x 2 workers), the same shards read from a real HTTP server (the project's
+Range-capable one on 127.0.0.1, ``_shuffle_remote.py``) with the defaults, so the loader picks
+its remote order itself (1 rank, and 4 ranks x 2 workers), with the shard GETs the server
+answered and their mean size (measured at the server), webdataset with 1,000- and
+10,000-sample buffers, mosaic-streaming (py1e, its default, and py1s) and litdata
+(``shuffle=True``). Peers that are not installed are skipped with a note:
+``pip install mosaicml-streaming litdata``.
 
 Usage: python benchmarks/shuffle.py [--classes 200] [--per-class 1000] [--seeds 3] [--rows ...]
+
+The remote rows alone (with the random permutation every ratio needs):
+python benchmarks/shuffle.py --rows random "shardstream, remote"
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import DATA_ROOT
 from _peer_runs import PeerRun, iterate
 from _shuffle_peers import run_peers
+from _shuffle_remote import remote_runs
 
 BATCH = 64
 FEATURES = 16
@@ -130,6 +139,9 @@ def figures(run: PeerRun, data: tuple[np.ndarray, ...], seed: int) -> dict[str, 
         "samples_s": len(order) / run.seconds if run.seconds else float("nan"),
         "memory_mb": run.worker_uss_mb,
         "exact": float(len(order) == len(y) and len(np.unique(order)) == len(y)),
+        "gets": run.requests[0] if run.requests else float("nan"),
+        "get_mib": run.requests[1] / 2**20 if run.requests else float("nan"),
+        "other_requests": run.requests[2] if run.requests else float("nan"),
     }
 
 
@@ -196,6 +208,7 @@ def all_rows(root: Path, data: tuple[np.ndarray, ...], args: argparse.Namespace,
     for name, run in shardstream_rows(root, data, args.per_shard, seed):
         if wanted(name):
             yield run()
+    yield from remote_runs(run_shardstream, root, seed, wanted)
     if not any(wanted(peer) for peer in ("webdataset", "mosaic", "litdata")):
         return
     peers = run_peers(data[0], data[1], root / "peers", args.per_shard,
@@ -209,26 +222,32 @@ def all_rows(root: Path, data: tuple[np.ndarray, ...], args: argparse.Namespace,
 
 def print_table(results: dict[str, list[dict[str, float]]], notes: list[str]) -> None:
     random = np.mean([r["accuracy"] for r in results["random permutation"]])
-    print("| order | distinct classes/batch vs random | Spearman | accuracy (vs random) "
-          "| samples/s | worker MB | exact epoch |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| order | distinct classes/batch vs random | Spearman | accuracy (vs random) "
+        "| samples/s | worker MB | exact epoch | shard GETs x mean size (other requests) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         mean = {key: float(np.mean([run[key] for run in runs])) for key in runs[0]}
         speed = "-" if not np.isfinite(mean["samples_s"]) else f"{mean['samples_s']:,.0f}"
+        gets = "-"
+        if np.isfinite(mean["gets"]):
+            other = mean["other_requests"]
+            gets = f"{mean['gets']:,.0f} x {mean['get_mib']:.2f} MiB ({other:,.0f})"
         print(f"| {name} | {mean['distinct']:.2f} | {mean['spearman']:+.3f} | "
               f"{mean['accuracy']:.3f} ({mean['accuracy'] - random:+.3f}) | {speed} | "
               f"{max(run['memory_mb'] for run in runs):.0f} | "
-              f"{'yes' if min(run['exact'] for run in runs) else 'no'} |")  # fmt: skip
+              f"{'yes' if min(run['exact'] for run in runs) else 'no'} | {gets} |")  # fmt: skip
     for note in notes:
         print(f"- {note}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--classes", type=int, default=200)
-    parser.add_argument("--per-class", type=int, default=1000)
-    parser.add_argument("--per-shard", type=int, default=1000)
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--classes", type=int, default=200, help="classes (200)")
+    parser.add_argument("--per-class", type=int, default=1000, help="samples per class (1000)")
+    parser.add_argument("--per-shard", type=int, default=1000, help="samples per shard (1000)")
+    parser.add_argument("--seeds", type=int, default=3, help="loader seeds, averaged (3)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the peers")
     parser.add_argument("--rows", nargs="+", help="only rows whose name starts with these")
     args = parser.parse_args()

