@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from shardstream.streaming.control.position import Position
     from shardstream.streaming.dataset import StreamingDataset
     from shardstream.streaming.decoding.gpudecode import GpuDecode
+    from shardstream.streaming.diagnostics.stats import LoaderStats
     from shardstream.streaming.lightningcallback import LoaderPositionCheck
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
@@ -29,6 +30,7 @@ __all__ = [
     "EvaluationPart",
     "GpuDecode",
     "LoaderPositionCheck",
+    "LoaderStats",
     "Position",
     "RandomAccessDataset",
     "ResumeAudit",
@@ -46,6 +48,7 @@ _LAZY = {
     "EvaluationPart": "shardstream.streaming.randomaccess",
     "GpuDecode": "shardstream.streaming.decoding.gpudecode",
     "LoaderPositionCheck": "shardstream.streaming.lightningcallback",  # imports lightning
+    "LoaderStats": "shardstream.streaming.diagnostics.stats",
     "Position": "shardstream.streaming.control.position",
     "RandomAccessDataset": "shardstream.streaming.randomaccess",
     "ResumeAudit": "shardstream.streaming.resumeaudit",

@@ -64,7 +64,7 @@ class StreamOptions:
         read_options: Retries, read-ahead and cache for remote reads.
         stats: Count where the loader's time goes (storage, decode, transform, collate per
             worker; the training loop's waits): ``StreamingDataLoader.stats()``, see
-            :mod:`shardstream.streaming.stats`. Off by default.
+            :mod:`shardstream.streaming.diagnostics.stats`. Off by default.
         stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
             often (from ``StreamingDataLoader``); None logs nothing.
         follow_versions: Move to the newest published version of a dataset that grows at each

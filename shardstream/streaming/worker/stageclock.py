@@ -2,7 +2,7 @@
 
 Each reading process (a DataLoader worker, or the training process without workers) owns one
 row and is its only writer; it adds what a :class:`StageClock` counted once per batch. See
-:mod:`shardstream.streaming.stats` for what the training process makes of them.
+:mod:`shardstream.streaming.diagnostics.stats` for what the training process makes of them.
 """
 
 from __future__ import annotations
