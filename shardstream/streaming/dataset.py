@@ -10,7 +10,7 @@ import torch.utils.data
 from shardstream.catalog.shardlist import ShardList, Source
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
-from shardstream.streaming.control.channel import EpochChannel
+from shardstream.streaming.control.channel import MAX_WORKERS, EpochChannel
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.controller import PassControl
 from shardstream.streaming.control.inputs import PassInputs
@@ -126,7 +126,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         #: Finishes batches on the GPU in the training process (``decode="cuda"``), else None.
         self.gpu_decode: GpuDecode | None = gpu_decode
         #: Loader statistics' shared table, or None (``StreamOptions(stats=True)``).
-        self.stats_board = StatsBoard() if options.stats else None
+        self.stats_board = StatsBoard(MAX_WORKERS) if options.stats else None
         #: Which pass each process reads, and its resume (:mod:`.control`).
         versions = VersionSet(source, opened, pinned=version is not None)
         self.control = PassControl(PassInputs(versions, EpochChannel(opened.number)))

@@ -4,6 +4,7 @@
 Read from the source with ``ast`` (every import, also those inside functions and those under
 ``TYPE_CHECKING``: a type-only import is still a dependency, and a circle through one is still
 a circle), so a wrong-way import or a cycle fails here before it hides behind a lazy import.
+Inside a package, folders import one way too (``FOLDER_ORDER``).
 Planning is torch-free and I/O-free, the format package torch-free, and both import in a Python
 where torch cannot be imported at all. Pass control (``streaming/control``) never imports the
 dataset or the loader it serves, and only ``control/context.py`` reads ``torch.distributed`` or
@@ -75,6 +76,47 @@ def test_layers_import_one_way() -> None:
                 wrong.append(f"{module} -> {target}")
             if other == "__init__" and part != "__init__" and target == "shardstream":
                 wrong.append(f"{module} -> shardstream (the package root)")
+    assert wrong == []
+
+
+#: Per package with folders, its folders from the bottom up: a module in one may import its own
+#: folder and those before it, never one after. The package's own modules (the dataset, the
+#: loader, ``store.py``) wire the folders together and are not in the order.
+FOLDER_ORDER = {
+    "storage": ["remote", "backends"],
+    "streaming": ["planning", "decoding", "worker", "control", "diagnostics"],
+}
+
+
+def _folder(module: str) -> tuple[str, str] | None:
+    """``(package, folder)`` of a module inside a package's folder, else None."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[2] in FOLDER_ORDER.get(parts[1], ()):
+        return parts[1], parts[2]
+    return None
+
+
+def test_every_folder_has_its_place_in_the_order() -> None:
+    folders = {
+        (path.parent.parent.name, path.parent.name)
+        for path in PACKAGE.glob("*/*/__init__.py")
+    }
+    placed = {(package, folder) for package, order in FOLDER_ORDER.items() for folder in order}
+    assert folders == placed
+
+
+def test_no_import_runs_upwards_inside_a_package() -> None:
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        here = _folder(module)
+        if here is None:
+            continue
+        order = FOLDER_ORDER[here[0]]
+        for target in _imports(path, set(modules)):
+            there = _folder(target)
+            if there and there[0] == here[0] and order.index(there[1]) > order.index(here[1]):
+                wrong.append(f"{module} -> {target}")
     assert wrong == []
 
 
