@@ -14,8 +14,8 @@ from shardstream.streaming.control.channel import MAX_WORKERS, EpochChannel
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.controller import PassControl
 from shardstream.streaming.control.inputs import PassInputs
+from shardstream.streaming.control.resumestate import PassState, VersionNumber
 from shardstream.streaming.control.run import run_pass
-from shardstream.streaming.control.state import PassState, VersionNumber
 from shardstream.streaming.control.versions import VersionSet, open_version
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode

@@ -16,7 +16,7 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.control.state import PassState
+from shardstream.streaming.control.resumestate import PassState
 from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
 from shardstream.streaming.planning.chunks import ChunkOrder, ChunkSequence, epoch_sequence
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.state import VersionNumber
+from shardstream.streaming.control.resumestate import VersionNumber
 
 __all__ = ["MAX_WORKERS", "EpochChannel"]
 

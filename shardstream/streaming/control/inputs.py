@@ -14,7 +14,7 @@ from typing import Any
 
 from shardstream.streaming.control.channel import EpochChannel
 from shardstream.streaming.control.context import Context
-from shardstream.streaming.control.state import (
+from shardstream.streaming.control.resumestate import (
     PassState,
     VersionNumber,
     check_fingerprint,

@@ -17,7 +17,7 @@ from typing import Any
 
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.inputs import PassInputs
-from shardstream.streaming.control.state import PassState, WorkerPosition
+from shardstream.streaming.control.resumestate import PassState, WorkerPosition
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.wholeshardplan import role_after
 from shardstream.streaming.worker.reader import WorkerStats

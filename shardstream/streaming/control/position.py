@@ -16,7 +16,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.streaming.control.controller import PassControl
-from shardstream.streaming.control.state import PassState, encode_state, layout_from_dict
+from shardstream.streaming.control.resumestate import PassState, encode_state, layout_from_dict
 from shardstream.streaming.planning.passes import PassRecord
 from shardstream.streaming.planning.split import Layout
 

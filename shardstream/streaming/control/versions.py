@@ -25,7 +25,7 @@ from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.control.cache import PassCache
-from shardstream.streaming.control.state import VersionNumber, version_number
+from shardstream.streaming.control.resumestate import VersionNumber, version_number
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.settings import Settings
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.state import PassState
+from shardstream.streaming.control.resumestate import PassState
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.diagnostics.bench import format_table
 from shardstream.streaming.diagnostics.mixmetrics import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.state import (
+from shardstream.streaming.control.resumestate import (
     STATE_VERSION,
     PassState,
     WorkerPosition,
