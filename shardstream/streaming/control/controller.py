@@ -16,7 +16,6 @@ from shardstream.errors import ConfigError
 from shardstream.streaming.control import agreement
 from shardstream.streaming.control.context import Context, current_context, gather_from_ranks
 from shardstream.streaming.control.inputs import PassInputs
-from shardstream.streaming.control.passes import WorkerPass, start_pass
 from shardstream.streaming.control.resumestate import (
     PassState,
     VersionNumber,
@@ -24,6 +23,7 @@ from shardstream.streaming.control.resumestate import (
     encode_state,
 )
 from shardstream.streaming.control.run import WorkerJob
+from shardstream.streaming.control.workerpass import WorkerPass, start_pass
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.planning.split import Layout, samples_per_rank
 from shardstream.streaming.worker.stageclock import StatsBoard
