@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.planning.history import PassRecord
 from shardstream.streaming.planning.sequence import PassSequence, base_ranges
 from shardstream.streaming.planning.split import PlanOptions, Shape
 from shardstream.streaming.planning.windows import (

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.passes import PassRecord, pass_sequence, remainder
+from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
 from shardstream.streaming.planning.schedule import plan_ranks, steps_of_worker
 from shardstream.streaming.planning.sequence import (
     DerivedSequence,

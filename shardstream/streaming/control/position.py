@@ -5,7 +5,7 @@ posts each pass to its workers through the dataset's channel. The state is the s
 rank, so a checkpoint written by rank 0 alone restores every rank. A restore at a world size
 that divides the pass's plan (with the same global batch) continues the pass; any other layout
 starts a new pass with what the epoch has left (see
-:mod:`shardstream.streaming.planning.passes`).
+:mod:`shardstream.streaming.planning.history`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.streaming.control.controller import PassControl
 from shardstream.streaming.control.resumestate import PassState, encode_state, layout_from_dict
-from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.planning.history import PassRecord
 from shardstream.streaming.planning.split import Layout
 
 __all__ = ["LoaderPosition", "Position", "check_resumed"]

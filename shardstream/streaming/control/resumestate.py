@@ -10,7 +10,7 @@ restores every rank:
   earlier passes of the epoch, the current pass's plan layout and the steps the rank consumed
   in it. It restores at any world size and worker count: a world size that divides the pass's
   plan continues the pass (the same global batches), any other starts a new pass with what is
-  left (see :mod:`shardstream.streaming.planning.passes`);
+  left (see :mod:`shardstream.streaming.planning.history`);
 - the *dataset* state, per worker, for loaders that follow the ``Stateful`` protocol
   (torchdata's ``StatefulDataLoader``): the same, with the steps that worker served. Such
   loaders restore each worker's state into the same worker, so the world size and worker count
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.planning.history import PassRecord
 from shardstream.streaming.planning.split import Layout
 
 __all__ = [

@@ -13,7 +13,7 @@ each run.
 Nothing here depends on what was read before: the window holding stream position ``k`` and its
 order follow from ``k`` and the seeds, which is what makes a resume a skip (no replay), and why
 what a pass has consumed is, per sub-lane, a prefix plus at most one window's run prefixes
-(:mod:`~shardstream.streaming.planning.passes`).
+(:mod:`~shardstream.streaming.planning.history`).
 """
 
 from __future__ import annotations

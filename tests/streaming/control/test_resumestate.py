@@ -18,7 +18,7 @@ from shardstream.streaming.control.resumestate import (
     encode_state,
     layout_from_dict,
 )
-from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.planning.history import PassRecord
 from shardstream.streaming.planning.split import Layout
 
 PASS = ["epoch", "history", "plan", "consumed_batches", "dataset_version"]
