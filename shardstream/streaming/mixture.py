@@ -92,7 +92,7 @@ class Mixture:
             self.names.append(stream.name or store.shown())
             versions.append(manifest.version)
         #: The version of every stream's dataset read (see
-        #: :mod:`shardstream.streaming.control.versions`).
+        #: :mod:`shardstream.streaming.control.versionset`).
         self.versions = tuple(versions)
         self.shards = ShardList(sources)
         sizes = [int(self.shards.counts(i).sum()) for i in range(len(streams))]

@@ -22,7 +22,7 @@ from shardstream.streaming.control.resumestate import (
     check_version,
     layout_from_dict,
 )
-from shardstream.streaming.control.versions import DatasetVersion, VersionSet
+from shardstream.streaming.control.versionset import DatasetVersion, VersionSet
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout
 from shardstream.streaming.settings import Settings

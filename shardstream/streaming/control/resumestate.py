@@ -69,7 +69,7 @@ class PassState:
         consumed: Steps consumed in the current pass (by the rank; for a worker's state, the
             steps it served).
         dataset_version: The version of a growing dataset the epoch reads (None: the version
-            the dataset opened; see :mod:`shardstream.streaming.control.versions`).
+            the dataset opened; see :mod:`shardstream.streaming.control.versionset`).
     """
 
     epoch: int
