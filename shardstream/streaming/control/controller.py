@@ -118,7 +118,7 @@ class PassControl:
     def epoch_steps(self) -> int:
         """Steps (batches, or samples) per rank in a fresh epoch at the current layout."""
         layout = self.inputs.settings.plan_layout(self.layout())
-        return self.inputs.opened.passes.shape(self.inputs.epoch_samples(), layout).steps
+        return self.inputs.opened.plans.shape(self.inputs.epoch_samples(), layout).steps
 
     # -- passes and the Stateful protocol -----------------------------------------------------
 

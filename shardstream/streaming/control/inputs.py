@@ -71,8 +71,8 @@ class PassInputs:
     def plan(self, state: PassState, physical: Layout) -> PassPlan:
         """The pass ``state`` describes (its plan layout, or a fresh one for ``physical``)."""
         layout = state.plan or self.settings.plan_layout(physical)
-        passes = self.versions.get(state.dataset_version).passes
-        return passes.plan(state.epoch, state.history, layout)
+        plans = self.versions.get(state.dataset_version).plans
+        return plans.plan(state.epoch, state.history, layout)
 
     def epoch_samples(self) -> int:
         """Samples in a fresh epoch over all ranks.
@@ -87,7 +87,7 @@ class PassInputs:
                 "with shardstream) for len(), equal per-rank counts and exact epochs"
             )
         opened = self.opened
-        return opened.mixture.epoch_size if opened.mixture else opened.passes.epoch_length()
+        return opened.mixture.epoch_size if opened.mixture else opened.plans.epoch_length()
 
     def fingerprint(self, version: VersionNumber = None) -> dict[str, Any]:
         """The settings and dataset facts that fix which samples an epoch holds, in order.

@@ -226,7 +226,7 @@ class LoaderPosition:
         if not self._inputs.counted:
             return 0
         layout = state.plan or self._control.layout(num_workers)
-        fresh = self._inputs.opened.passes.shape(self._inputs.epoch_samples(), layout).steps
+        fresh = self._inputs.opened.plans.shape(self._inputs.epoch_samples(), layout).steps
         return state.epoch * fresh
 
     def _log_restore(self, num_workers: int) -> None:

@@ -11,10 +11,10 @@ from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
 
-__all__ = ["PassCache"]
+__all__ = ["PlanCache"]
 
 
-class PassCache:
+class PlanCache:
     """The latest epoch's sequence and passes, computed once per process and epoch.
 
     Args:
