@@ -27,11 +27,11 @@ class StreamOptions:
             read or memory map). Larger means fewer, larger reads (remote: ranged requests).
             None chooses from the dataset: 8 locally, at least 1 MiB of samples remotely.
         chunk_size: The epoch is read in chunks of this many consecutive samples, each from a
-            seeded random place of the dataset (see :mod:`shardstream.streaming.planning.chunks`),
-            so shards written in class order still give every rank and worker the whole
-            dataset's mix all epoch long. 0 reads whole shards in a shuffled order (the order
-            of releases before 0.3). None chooses from the dataset: a piece for indexed
-            shards, 0 without indexes.
+            seeded random place of the dataset (see
+            :mod:`shardstream.streaming.planning.chunkorder`), so shards written in class order
+            still give every rank and worker the whole dataset's mix all epoch long. 0 reads
+            whole shards in a shuffled order (the order of releases before 0.3). None chooses
+            from the dataset: a piece for indexed shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
             None chooses from the dataset: 64, or four pieces remotely.
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest

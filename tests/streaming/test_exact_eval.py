@@ -20,7 +20,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import ConfigError, RandomAccessDataset, make_view
 from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.chunkorder import epoch_sequence
 from shardstream.streaming.planning.history import PassRecord, remainder
 from shardstream.streaming.planning.readorder import planned_batches
 from shardstream.streaming.planning.schedule import PassPlan

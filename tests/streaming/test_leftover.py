@@ -17,7 +17,7 @@ import pytest
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from shardstream.streaming.planning import leftover
-from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.chunkorder import epoch_sequence
 from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
 from shardstream.streaming.planning.windows import StreamId, build_window

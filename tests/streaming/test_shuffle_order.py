@@ -18,7 +18,7 @@ from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from shardstream.streaming.control.resumestate import PassState
 from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
-from shardstream.streaming.planning.chunks import ChunkOrder, ChunkSequence, epoch_sequence
+from shardstream.streaming.planning.chunkorder import ChunkOrder, ChunkSequence, epoch_sequence
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence
 from shardstream.streaming.planning.order import DatasetFacts, choose_order
 from shardstream.streaming.planning.readorder import planned_batches

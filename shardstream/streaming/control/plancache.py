@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from shardstream.catalog.shardlist import ShardList
 from shardstream.streaming.mixture import Mixture
-from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.chunkorder import epoch_sequence
 from shardstream.streaming.planning.history import PassRecord, pass_sequence
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence

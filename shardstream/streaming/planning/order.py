@@ -1,7 +1,7 @@
 """How an epoch's order is chosen from the dataset when the user leaves it to shardstream.
 
 Three numbers fix how mixed an epoch is and what reading it costs (see :mod:`.windows` and
-:mod:`.chunks`):
+:mod:`.chunkorder`):
 
 - ``chunk_size``: the epoch is read in chunks of this many consecutive samples, each from a
   random place of the dataset (0: whole shards in a shuffled order). Smaller chunks mix more

@@ -7,7 +7,7 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 import pytest
 
-from shardstream.streaming.planning.chunks import epoch_sequence
+from shardstream.streaming.planning.chunkorder import epoch_sequence
 from shardstream.streaming.planning.order import DatasetFacts, choose_order
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
