@@ -9,18 +9,16 @@ the loader's position are all computed from it and a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from shardstream.streaming.control.channel import EpochChannel
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.resumestate import (
     PassState,
+    SavedState,
     VersionNumber,
     check_fingerprint,
     check_layout,
-    check_version,
-    layout_from_dict,
 )
 from shardstream.streaming.control.versionset import DatasetVersion, VersionSet
 from shardstream.streaming.planning.schedule import PassPlan
@@ -105,24 +103,17 @@ class PassInputs:
         }
 
     def check_state(
-        self,
-        state: Mapping[str, Any],
-        current: Layout,
-        *,
-        elastic: bool,
-        allow_new_batch_size: bool,
+        self, saved: SavedState, current: Layout, *, elastic: bool, allow_new_batch_size: bool
     ) -> VersionNumber:
         """Refuse a saved state this dataset cannot continue; the version its pass reads.
 
         Raises:
-            ConfigError: Another format version, or an order-fixing setting or the layout
-                changed in a way the caller cannot follow (names the field).
+            ConfigError: An order-fixing setting or the layout changed in a way the caller
+                cannot follow (names the field).
         """
-        check_version(state)
-        number = self.versions.number_for(state)
-        check_fingerprint(state["fingerprint"], self.fingerprint(number))
+        number = self.versions.number_for(saved)
+        check_fingerprint(saved.fingerprint, self.fingerprint(number))
         check_layout(
-            layout_from_dict(state), current, elastic=elastic,
-            allow_new_batch_size=allow_new_batch_size,
-        )  # fmt: skip
+            saved.layout, current, elastic=elastic, allow_new_batch_size=allow_new_batch_size
+        )
         return number

@@ -1,33 +1,11 @@
-"""Resume states: one codec for the loader's state, the dataset's per-worker state and the
-directive the loader posts to its workers; and what may change between a save and a restart.
-:func:`encode_state` is the one place a state dict is built.
-
-Each is a small dict of plain values (safe under ``torch.load(weights_only=True)``; no list
-grows with the samples), the same on every rank, so a checkpoint written by rank 0 alone
-restores every rank:
-
-- the *loader* state (:class:`~shardstream.streaming.StreamingDataLoader`): the epoch, the
-  earlier passes of the epoch, the current pass's plan layout and the steps the rank consumed
-  in it. It restores at any world size and worker count: a world size that divides the pass's
-  plan continues the pass (the same global batches), any other starts a new pass with what is
-  left (see :mod:`shardstream.streaming.planning.history`);
-- the *dataset* state, per worker, for loaders that follow the ``Stateful`` protocol
-  (torchdata's ``StatefulDataLoader``): the same, with the steps that worker served. Such
-  loaders restore each worker's state into the same worker, so the world size and worker count
-  must stay the same.
-
-Both record the version of a growing dataset the epoch reads (``dataset_version``; states
-saved before versions existed have none and were saved on version 1).
-
-In both, the settings that fix which samples an epoch holds and in which order (seed, shuffle,
-policy, the dataset itself and the reading settings) must not change; a change is refused with
-an error naming the setting, its saved and its current value.
-"""
+"""The resume state's codec: the one place a state dict (the loader's, a worker's, or the pass
+a loader posts to its workers) is built and read, and what may change between a save and a
+restart. A change of the format touches this module and its test only."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardstream.errors import ConfigError
@@ -37,14 +15,15 @@ from shardstream.streaming.planning.split import Layout
 __all__ = [
     "STATE_VERSION",
     "PassState",
+    "SavedState",
     "VersionNumber",
     "WorkerPosition",
     "check_fingerprint",
     "check_layout",
-    "check_version",
+    "decode_pass",
+    "decode_state",
+    "encode_pass",
     "encode_state",
-    "layout_from_dict",
-    "version_number",
 ]
 
 #: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
@@ -55,7 +34,7 @@ VersionNumber = int | tuple[int, ...] | None
 #: ``chunk_size=0``, so they continue exactly with the options of the order they were saved in.
 #: States of 2 and older were saved with another sample order and are refused.
 STATE_VERSION = 4
-_WHOLE_SHARDS_VERSION = 3
+_UNCHUNKED_VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,42 +57,6 @@ class PassState:
     consumed: int = 0
     dataset_version: VersionNumber = None
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values."""
-        return {
-            "epoch": self.epoch,
-            "history": [record.as_dict() for record in self.history],
-            "plan": self.plan.as_dict() if self.plan is not None else None,
-            "consumed_batches": self.consumed,
-            "dataset_version": (
-                list(self.dataset_version)
-                if isinstance(self.dataset_version, tuple)
-                else self.dataset_version
-            ),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PassState:
-        """Inverse of :meth:`as_dict`.
-
-        Raises:
-            ConfigError: A field is missing or not of its type (names it).
-        """
-        try:
-            plan = data.get("plan")
-            version = data.get("dataset_version")
-            return cls(
-                int(data["epoch"]),
-                tuple(PassRecord.from_dict(dict(item)) for item in data.get("history", ())),
-                layout_from_dict(plan) if plan is not None else None,
-                int(data.get("consumed_batches", 0)),
-                version_number(version),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise ConfigError(
-                f"malformed resume state ({error!r}); was it saved by shardstream?"
-            ) from error
-
 
 @dataclasses.dataclass(frozen=True)
 class WorkerPosition:
@@ -133,9 +76,107 @@ class WorkerPosition:
     token: int
     worker: int
 
-    def as_dict(self) -> dict[str, int]:
-        """Plain values."""
-        return dataclasses.asdict(self)
+
+@dataclasses.dataclass(frozen=True)
+class SavedState:
+    """A state dict, read: the pass, the layout it was saved at, and what else it records.
+
+    Attributes:
+        state: The pass.
+        layout: The physical layout (ranks, workers, batch size) it was saved at.
+        fingerprint: The settings and dataset facts that fix the epoch's order.
+        worker: A dataset's per-worker state: the worker's place; None in a loader's.
+        global_batches: The rank's batches in all epochs (a loader's; None before it was
+            recorded).
+        versioned: The state names the dataset version its epoch reads (states saved before
+            versions existed do not: they were saved on version 1).
+    """
+
+    state: PassState
+    layout: Layout
+    fingerprint: dict[str, Any]
+    worker: WorkerPosition | None = None
+    global_batches: int | None = None
+    versioned: bool = True
+
+
+def _version_number(value: Any) -> VersionNumber:
+    """A dataset version from plain values (a mixture's: its streams', as a list)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return tuple(int(item) for item in value)
+    return int(value)
+
+
+def _layout(data: Mapping[str, Any]) -> Layout:
+    return Layout(int(data["world_size"]), int(data["num_workers"]), int(data["batch_size"]))
+
+
+#: Keys whose names differ from their fields' (as earlier releases saved them).
+_KEYS = {"consumed": "consumed_batches"}
+#: How a field of each annotated type is saved as plain values (others: as they are) ...
+_ENCODE: dict[str, Callable[[Any], Any]] = {
+    "tuple[PassRecord, ...]": lambda records: [
+        {**dataclasses.asdict(record.layout), "consumed_steps": record.consumed_steps}
+        for record in records
+    ],
+    "Layout | None": lambda layout: None if layout is None else dataclasses.asdict(layout),
+    "VersionNumber": lambda number: list(number) if isinstance(number, tuple) else number,
+}
+#: ... and read back.
+_DECODE: dict[str, Callable[[Any], Any]] = {
+    "int": int,
+    "tuple[PassRecord, ...]": lambda items: tuple(
+        PassRecord(_layout(item), int(item["consumed_steps"])) for item in items
+    ),
+    "Layout | None": lambda data: None if data is None else _layout(data),
+    "VersionNumber": _version_number,
+}
+
+
+def _fields_out(value: Any) -> dict[str, Any]:
+    """A dataclass's fields as plain values (see ``_KEYS`` and ``_ENCODE``)."""
+    return {
+        _KEYS.get(field.name, field.name): _ENCODE.get(str(field.type), _same)(
+            getattr(value, field.name)
+        )
+        for field in dataclasses.fields(value)
+    }
+
+
+def _fields_in(cls: Any, data: Mapping[str, Any]) -> Any:
+    """``cls`` from plain values; a field missing from ``data`` (an older state) keeps its
+    default."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        key = _KEYS.get(field.name, field.name)
+        if key in data:
+            values[field.name] = _DECODE.get(str(field.type), _same)(data[key])
+        elif field.default is dataclasses.MISSING:
+            raise KeyError(key)
+    return cls(**values)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def encode_pass(state: PassState) -> dict[str, Any]:
+    """A pass as plain values: what a loader posts to its workers, and part of every state."""
+    return _fields_out(state)
+
+
+def decode_pass(data: Mapping[str, Any]) -> PassState:
+    """Inverse of :func:`encode_pass`.
+
+    Raises:
+        ConfigError: A field is missing or not of its type (names it).
+    """
+    try:
+        return _fields_in(PassState, data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise _malformed(error) from error
 
 
 def encode_state(
@@ -147,44 +188,54 @@ def encode_state(
 ) -> dict[str, Any]:
     """A state dict: the loader's, or with ``worker`` a dataset's per-worker one.
 
-    The one place either is built; :meth:`PassState.from_dict`, :func:`layout_from_dict` and
-    the checks below read them. A loader's state also records ``global_batches``, the batches
-    the rank consumed in all epochs (what a trainer's step counts; states saved before it
-    existed load without it).
+    Plain values only (safe under ``torch.load(weights_only=True)``; nothing grows with the
+    samples), the same on every rank, so a checkpoint written by rank 0 alone restores every
+    rank. A loader's state also records ``global_batches``, the batches the rank consumed in
+    all epochs (what a trainer's step counts).
+
+    Example:
+        >>> state = encode_state(PassState(1), Layout(2, 4, 8), {"seed": 0})
+        >>> decode_state(state).state.epoch, decode_state(state).layout
+        (1, Layout(world_size=2, num_workers=4, batch_size=8))
     """
     return {
         "version": STATE_VERSION,
-        **state.as_dict(),
-        **(worker.as_dict() if worker is not None else {}),
-        **layout.as_dict(),
+        **encode_pass(state),
+        **(_fields_out(worker) if worker is not None else {}),
+        **_fields_out(layout),
         "fingerprint": fingerprint,
         **({"global_batches": global_batches} if global_batches is not None else {}),
     }
 
 
-def version_number(value: Any) -> VersionNumber:
-    """A dataset version from a state's plain values (a mixture's: its streams', as a list)."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return tuple(int(item) for item in value)
-    return int(value)
+def decode_state(data: Mapping[str, Any]) -> SavedState:
+    """Inverse of :func:`encode_state`, for states of this version and of version 3.
 
-
-def layout_from_dict(data: Mapping[str, Any]) -> Layout:
-    """The layout in a state (``world_size``, ``num_workers``, ``batch_size``)."""
-    return Layout(int(data["world_size"]), int(data["num_workers"]), int(data["batch_size"]))
-
-
-def check_version(state: Mapping[str, Any]) -> None:
-    """Refuse states of another format version."""
-    version = state.get("version")
-    if version not in (STATE_VERSION, _WHOLE_SHARDS_VERSION):
+    Raises:
+        ConfigError: Another format version (older states were saved with another sample
+            order), or a field is missing or not of its type (names it).
+    """
+    version = data.get("version")
+    if version not in (STATE_VERSION, _UNCHUNKED_VERSION):
         raise ConfigError(
             f"resume state version {version!r} is not supported (this release reads version "
             f"{STATE_VERSION}; older states were saved with another sample order, so they "
             "cannot continue an epoch exactly). Start the epoch over without load_state_dict."
         )
+    state = decode_pass(data)
+    try:
+        worker = _fields_in(WorkerPosition, data) if "start" in data else None
+        total = data.get("global_batches")
+        return SavedState(
+            state, _fields_in(Layout, data), dict(data["fingerprint"]), worker,
+            None if total is None else int(total), "dataset_version" in data,
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as error:
+        raise _malformed(error) from error
+
+
+def _malformed(error: Exception) -> ConfigError:
+    return ConfigError(f"malformed resume state ({error!r}); was it saved by shardstream?")
 
 
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -18,14 +18,14 @@ Other versions are opened on demand, once per process (a few are kept); a versio
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
 from shardstream.streaming.control.plancache import PlanCache
-from shardstream.streaming.control.resumestate import VersionNumber, version_number
+from shardstream.streaming.control.resumestate import SavedState, VersionNumber
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.settings import Settings
 
@@ -155,10 +155,10 @@ class VersionSet:
         self.source, self.opened, self.pinned = source, opened, pinned
         self._others: dict[Any, DatasetVersion] = {}
 
-    def number_for(self, saved: Mapping[str, Any]) -> VersionNumber:
+    def number_for(self, saved: SavedState) -> VersionNumber:
         """The version a saved state's pass reads (``dataset_version``, or the legacy rule)."""
-        if "dataset_version" in saved:
-            return version_number(saved["dataset_version"])
+        if saved.versioned:
+            return saved.state.dataset_version
         opened = self.opened.number
         if isinstance(opened, tuple):
             return (LEGACY_VERSION,) * len(opened)

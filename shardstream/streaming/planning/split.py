@@ -93,10 +93,6 @@ class Layout:
         if min(self.world_size, self.num_workers, self.batch_size) < 1:
             raise ConfigError(f"a layout needs positive sizes, got {self}")
 
-    def as_dict(self) -> dict[str, int]:
-        """Plain values for a state dict."""
-        return dataclasses.asdict(self)
-
 
 def samples_per_rank(num_samples: int, world_size: int, policy: str = "pad") -> int:
     """Samples every rank yields per pass: ``ceil`` (pad, mask) or ``floor`` (drop) of N / world."""
