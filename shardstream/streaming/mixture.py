@@ -18,7 +18,7 @@ from shardstream.catalog.shardlist import ShardList, Source, resolve_source, sou
 from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, StorageOptions
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence, stream_quotas
-from shardstream.streaming.planning.split import PlanOptions
+from shardstream.streaming.planning.order import PlanOptions
 
 __all__ = ["Mixture", "Stream", "stream_quotas"]
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from shardstream.streaming.planning.history import PassRecord
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import PassSequence, base_ranges
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.split import Shape
 from shardstream.streaming.planning.windows import (
     StreamId,
     StreamLanes,

@@ -16,6 +16,7 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.schedule import plan_ranks, steps_of_worker
 from shardstream.streaming.planning.sequence import (
     DerivedSequence,
@@ -23,7 +24,7 @@ from shardstream.streaming.planning.sequence import (
     base_of,
     shard_order,
 )
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape, samples_per_rank
+from shardstream.streaming.planning.split import Layout, Shape, samples_per_rank
 from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
 
 

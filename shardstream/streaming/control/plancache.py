@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from shardstream.catalog.shardlist import ShardList
 from shardstream.streaming.mixture import Mixture
-from shardstream.streaming.planning.chunkorder import epoch_sequence
 from shardstream.streaming.planning.history import PassRecord, pass_sequence
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 
 __all__ = ["PlanCache"]
 

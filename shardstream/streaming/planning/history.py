@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 
 from shardstream.streaming.planning.leftover import LeftSequence
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 from shardstream.streaming.planning.windows import StreamId
 
 __all__ = ["PassRecord", "pass_sequence", "remainder"]

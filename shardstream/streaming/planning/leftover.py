@@ -31,13 +31,14 @@ import dataclasses
 
 import numpy as np
 
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import (
     DerivedSequence,
     PassSequence,
     base_of,
     base_ranges,
 )
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.split import Shape
 from shardstream.streaming.planning.windows import (
     StreamId,
     StreamLanes,

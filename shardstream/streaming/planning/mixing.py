@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.chunkorder import ChunkOrder, epoch_sequence
+from shardstream.streaming.planning.chunkorder import ChunkOrder
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
 from shardstream.streaming.planning.sequence import BaseSequence, Run, last_at_most
-from shardstream.streaming.planning.split import PlanOptions
 
 __all__ = ["MixedStream", "MixtureSequence", "stream_quotas"]
 

@@ -28,58 +28,9 @@ import dataclasses
 import numpy as np
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.planning.order import PlanOptions
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_NUM_OPEN",
-    "DEFAULT_PIECE_SIZE",
-    "POLICIES",
-    "Layout",
-    "PlanOptions",
-    "Shape",
-    "samples_per_rank",
-]
-
-POLICIES = ("pad", "drop", "mask")
-#: Defaults shared by :class:`PlanOptions` and ``StreamOptions`` (one place to change them).
-DEFAULT_BLOCK_SIZE = 64
-DEFAULT_PIECE_SIZE = 64
-DEFAULT_NUM_OPEN = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanOptions:
-    """How an epoch is laid out and ordered; identical on every rank and worker.
-
-    Attributes:
-        seed: Base seed of every random choice.
-        shuffle: Permute the shard order and interleave pieces per epoch.
-        policy: ``"pad"``, ``"drop"`` or ``"mask"`` (see the module docstring).
-        block_size: Samples per unit dealt to worker streams, rounded up to the batch size.
-        piece_size: Longest run of consecutive samples read from one place of a shard.
-        num_open: Pieces interleaved at once: a worker stream is read in windows of about
-            ``num_open * piece_size`` samples whose pieces are interleaved at random.
-        chunk_size: Samples per chunk of the epoch's order (see :mod:`.chunkorder`); 0 reads
-            whole shards in a seeded order.
-    """
-
-    seed: int = 0
-    shuffle: bool = True
-    policy: str = "pad"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    piece_size: int = DEFAULT_PIECE_SIZE
-    num_open: int = DEFAULT_NUM_OPEN
-    chunk_size: int = 0
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.chunk_size < 0:
-            raise ConfigError(f"chunk_size must be >= 0, got {self.chunk_size}")
-        for name in ("block_size", "piece_size", "num_open"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-
+__all__ = ["Layout", "Shape", "samples_per_rank"]
 
 @dataclasses.dataclass(frozen=True)
 class Layout:

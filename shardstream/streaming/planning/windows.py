@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import (
     PassSequence,
     Run,
@@ -29,7 +30,7 @@ from shardstream.streaming.planning.sequence import (
     base_ranges,
     last_at_most,
 )
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.split import Shape
 
 __all__ = [
     "StreamId",
