@@ -21,7 +21,6 @@ from shardstream.streaming.planning.schedule import plan_ranks, steps_of_worker
 from shardstream.streaming.planning.sequence import (
     DerivedSequence,
     ShardSequence,
-    base_of,
     shard_order,
 )
 from shardstream.streaming.planning.split import Layout, Shape, samples_per_rank
@@ -140,7 +139,7 @@ def test_what_a_pass_leaves_is_exactly_what_it_did_not_read() -> None:
             assert collections.Counter(read) + collections.Counter(
                 _positions(left)
             ) == collections.Counter(_slots(sequence, shape))
-            assert base_of(left) is base
+            assert left.base is base
             if left.length == 0:
                 break
             sequence = left

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardstream.streaming.planning.sequence import Run, ShardSequence
+from shardstream.streaming.planning.sequence import BaseSequence, Run, ShardSequence
 
 __all__ = ["ChunkOrder", "ChunkSequence"]
 
@@ -83,7 +83,7 @@ class ChunkOrder:
         return value
 
 
-class ChunkSequence:
+class ChunkSequence(BaseSequence):
     """An epoch's samples: chunks of shard-ordered samples, in a seeded order.
 
     Positions ``[0, length)`` are read in chunks of ``chunk_size``; chunk ``j`` holds the

@@ -124,7 +124,7 @@ class _Node:
         return (number * total + self.offset) // self.num_right
 
 
-class MixtureSequence:
+class MixtureSequence(BaseSequence):
     """A mixture's epoch: every stream's window in runs, merged in exact proportion.
 
     Args:

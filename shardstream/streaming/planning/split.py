@@ -29,6 +29,7 @@ import numpy as np
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.planning.order import PlanOptions
+from shardstream.streaming.planning.sequence import last_at_most
 
 __all__ = ["Layout", "Shape", "samples_per_rank"]
 
@@ -126,14 +127,12 @@ class Shape:
     def _round(self, step: int) -> tuple[int, int]:
         """``(round, index)`` of a step: in round ``r`` the streams with > ``r`` batches go."""
         batches = self.stream_batches
-        low, high = 0, int(batches[0]) if len(batches) else 0
-        while low < high:  # the last round r with sum(min(batches, r)) <= step
-            middle = (low + high + 1) // 2
-            if int(np.minimum(batches, middle).sum()) <= step:
-                low = middle
-            else:
-                high = middle - 1
-        return low, step - int(np.minimum(batches, low).sum())
+
+        def steps_before(round_: int) -> int:
+            return int(np.minimum(batches, round_).sum())
+
+        found = last_at_most(steps_before, step, 0, int(batches[0]) if len(batches) else 0)
+        return found, step - steps_before(found)
 
     def step(self, step: int) -> tuple[int, int]:
         """``(stream, micro-batch number)`` that every rank reads at ``step``."""

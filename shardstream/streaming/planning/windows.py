@@ -23,13 +23,7 @@ import dataclasses
 import numpy as np
 
 from shardstream.streaming.planning.order import PlanOptions
-from shardstream.streaming.planning.sequence import (
-    PassSequence,
-    Run,
-    base_of,
-    base_ranges,
-    last_at_most,
-)
+from shardstream.streaming.planning.sequence import PassSequence, Run, last_at_most
 from shardstream.streaming.planning.split import Shape
 
 __all__ = [
@@ -37,7 +31,8 @@ __all__ = [
     "StreamLanes",
     "Window",
     "build_window",
-    "pass_ranges",
+    "part_base_ranges",
+    "part_runs",
     "window_seed",
 ]
 
@@ -157,7 +152,18 @@ def window_seed(options: PlanOptions, stream: StreamId, window: int) -> list[int
     ]  # fmt: skip
 
 
-def pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[int, int]]:
+def part_base_ranges(
+    sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int
+) -> list[tuple[int, int]]:
+    """Rank-part positions ``[start, stop)`` of plan rank ``rank`` as base-sequence ranges."""
+    return [
+        ranges
+        for first, end in _pass_ranges(shape, rank, start, stop)
+        for ranges in sequence.base_ranges(first, end)
+    ]
+
+
+def _pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[int, int]]:
     """Rank-part positions ``[start, stop)`` as pass-sequence ranges (``pad`` wraps around)."""
     position, end, length = (
         rank * shape.per_rank + start,
@@ -175,12 +181,11 @@ def pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[in
 
 def part_runs(sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int) -> list[Run]:
     """The runs behind rank-part positions ``[start, stop)`` of plan rank ``rank``."""
-    base = base_of(sequence)
+    base = sequence.base
     return [
         run
-        for first, end in pass_ranges(shape, rank, start, stop)
-        for base_first, base_end in base_ranges(sequence, first, end)
-        for run in base.locate(base_first, base_end)
+        for first, end in part_base_ranges(sequence, shape, rank, start, stop)
+        for run in base.locate(first, end)
     ]
 
 
