@@ -17,10 +17,10 @@ using aiobotocore for them.
 from __future__ import annotations
 
 import http.client
-import os
 import threading
 from typing import Any
 
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
 from shardstream.storage.remote.retry import ShortReadError
 
@@ -29,7 +29,8 @@ __all__ = ["PresignedGets", "SyncS3Body", "sync_client"]
 #: Bytes received per ``readinto`` call: progress is counted (and kept on a failure) per slice.
 _SLICE_BYTES = 2**20
 
-_clients: dict[tuple[int, int, float, int], Any] = {}
+#: This process's clients (connection pools), by (filesystem, timeout, connections).
+_clients: ProcessLocal[dict[tuple[int, float, int], Any]] = ProcessLocal(dict)
 #: botocore sessions, kept across fork: a session caches the parsed service model (~1 MB of
 #: JSON), so a DataLoader worker forked after the parent made a client starts its own in ~15 ms
 #: instead of ~80 ms (much more on a busy machine). Clients (connection pools) stay per process.
@@ -89,15 +90,16 @@ def sync_client(fs: Any, timeout_s: float, max_connections: int) -> Any:
     """
     if not _can_mirror(fs):
         return None
-    key = (os.getpid(), id(fs), timeout_s, max_connections)
+    key = (id(fs), timeout_s, max_connections)
+    clients = _clients.get()
     with _lock:
-        client = _clients.get(key)
+        client = clients.get(key)
         if client is None:
             session = _session(dict(getattr(fs, "kwargs", {}) or {}))
             arguments = _client_arguments(fs, timeout_s, max_connections)
             client = session.create_client("s3", **arguments)
             client._shardstream_fs = fs  # keeps id(fs) from being reused while cached
-            _clients[key] = client
+            clients[key] = client
     return client
 
 
