@@ -208,11 +208,8 @@ class S3Upload:
 
         A stoppable request gives up at once after :meth:`discard` (its error is raised).
         """
-        options = self.options
-        retrier = Retrier(
-            self.shown, action, options.max_attempts, options.backoff_s, options.max_backoff_s,
-            self.secrets, self._stop if stoppable else None,
-        )  # fmt: skip
+        stop = self._stop if stoppable else None
+        retrier = Retrier.for_options(self.shown, action, self.options, self.secrets, stop)
         while True:
             try:
                 return call()

@@ -288,10 +288,7 @@ def span_fetch(source: Any, retrier: Retrier, gauge: LatencyGauge) -> Any:
     span fetched by one GET tells ``gauge`` its first-byte and transfer times."""
 
     def fetch(first: int, stop: int) -> Chunk:
-        own = Retrier(
-            retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
-            retrier.max_backoff_s, retrier.secrets, retrier.stop,
-        )  # fmt: skip
+        own = retrier.fresh()
         span = stop - first
         timed = TimedSource(source)
         started = time.monotonic()

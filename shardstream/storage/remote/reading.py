@@ -134,10 +134,7 @@ def open_remote(
         return ahead  # announced by prefetch_remote: already under way
     source = backend.range_source(fs, path, options)
     stop = threading.Event()
-    retrier = Retrier(
-        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
-        secrets, stop,
-    )  # fmt: skip
+    retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     size: int | None = end
     if options.cache_dir or not backend.sizes_from_gets:
         size, etag = _stat(source, retrier)
@@ -192,10 +189,7 @@ def _open_ahead(
     raises on the first read. The object may be shorter than ``end``: reads then end early.
     """
     stop = threading.Event()
-    retrier = Retrier(
-        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
-        secrets, stop,
-    )  # fmt: skip
+    retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     source = backend.range_source(fs, path, options)
     pool = pool_for(options)
     chunks = SpanPrefetcher(
