@@ -246,7 +246,9 @@ class RemoteStream(io.RawIOBase):
         return True
 
     def _drop_chunk(self) -> None:
-        """Forget the current chunk; its receive buffer is reused if nobody else sees it."""
+        """Forget the current chunk and give its receive buffer back: this stream is its one
+        reader, and hands out copies of its bytes (``read``, ``readinto``), never a view."""
+        self._current.release()
         self._current = memoryview(b"")
         recycle(self._take_chunk())
 
@@ -277,7 +279,7 @@ class RemoteStream(io.RawIOBase):
         parts: list[bytes] = []
         wanted = size
         while wanted > 0 and (self._current or self._fill()):
-            parts.append(self._current[:wanted].tobytes())  # no view left behind: see _fill
+            parts.append(self._current[:wanted].tobytes())  # a copy: see _drop_chunk
             self._current = self._current[len(parts[-1]) :]
             wanted -= len(parts[-1])
         data = b"".join(parts)
