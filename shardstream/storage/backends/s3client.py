@@ -117,7 +117,7 @@ def _session(kwargs: dict[str, Any]) -> Any:
 class SyncS3Body:
     """The body of one ranged GET, read into buffers of the requested size without joins.
 
-    ``read_chunk(n)`` returns a ``bytearray`` of up to ``n`` bytes filled by ``readinto`` on the
+    ``read_extent(n)`` returns a ``bytearray`` of up to ``n`` bytes filled by ``readinto`` on the
     HTTP response (no intermediate copies). Bytes received before a failure are returned, and
     the failure is raised by the next call, so a retry resumes after them.
     """
@@ -130,7 +130,7 @@ class SyncS3Body:
         self._error: BaseException | None = None
         self._finished = False
 
-    def read_chunk(self, num_bytes: int) -> bytearray | memoryview:
+    def read_extent(self, num_bytes: int) -> bytearray | memoryview:
         """Up to ``num_bytes`` of the body; an empty buffer at its end.
 
         Reads of :data:`~shardstream.storage.remote.buffers.MIN_POOLED_BYTES` or more land in a

@@ -62,22 +62,22 @@ class ReceiveBuffers:
 RECEIVE_BUFFERS: ProcessLocal[ReceiveBuffers] = ProcessLocal(lambda: ReceiveBuffers(48 * 2**20))
 
 
-def recycle(chunk: Any) -> None:
-    """Give ``chunk``'s receive buffer back to this process's pool: its reader is done with it.
+def recycle(extent: Any) -> None:
+    """Give ``extent``'s receive buffer back to this process's pool: its reader is done with it.
 
-    The caller owns ``chunk``: it took it from a chunk source, handed no view of it on, and
+    The caller owns ``extent``: it took it from an extent source, handed no view of it on, and
     reads it no more. The view is released here (a holder that kept it anyway gets an error on
     its next use, never other bytes), and the buffer is kept for reuse only when no other view
     of it is alive (a slice, a numpy array: see :func:`_exported`). ``bytes``, small buffers
     and anything else are left to the garbage collector.
     """
-    if type(chunk) is not memoryview:
+    if type(extent) is not memoryview:
         return
-    buffer = chunk.obj
+    buffer = extent.obj
     if type(buffer) is not bytearray or len(buffer) < MIN_POOLED_BYTES:
         return
     try:
-        chunk.release()
+        extent.release()
     except BufferError:  # the view itself lends its buffer to something still alive
         return
     if not _exported(buffer):
