@@ -138,13 +138,11 @@ class Store:
         return self._resolved.get()
 
     def _resolve(self) -> tuple[Any, str]:
-        fs, path = self.backend().filesystem(self.root or ".", self.storage_options)
-        return fs, path
+        return self.backend().filesystem(self.root or ".", self.storage_options)
 
     def _resolve_for_reading(self) -> tuple[Any, str]:
         timeout_s = self.read_options.timeout_s
-        fs, root = self.backend().read_filesystem(self.root, self.storage_options, timeout_s)
-        return fs, root
+        return self.backend().read_filesystem(self.root, self.storage_options, timeout_s)
 
     def _path(self, name: str = "") -> tuple[Any, str]:
         fs, root = self._fs()
@@ -207,9 +205,7 @@ class Store:
         if ranges:
             self.backend(ranges[0][0]).prefetch(self, ranges, group)
 
-    def ranges(
-        self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES
-    ) -> Ranges:
+    def ranges(self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES) -> Ranges:
         """A reader's byte ranges of this store's files (see :mod:`shardstream.storage.ranges`):
         what a streaming worker asks for, one per pass. Close it when the pass ends.
 
