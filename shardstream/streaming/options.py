@@ -54,9 +54,9 @@ class StreamOptions:
             (no copy and no private memory per buffered sample; see
             :mod:`shardstream.storage.backends.localmaps`): each shard is mapped whole on its
             first piece and kept for the pass (at most 2 GiB of shard files per reader), so the
-            pages read count in the process's resident size until the pass ends. A shard
-            truncated in place while mapped fails with SIGBUS, as with any memory-mapped reader;
-            False reads with ``readinto``.
+            pages read count in the process's resident size until the pass ends; replace
+            mapped shards by renaming, never in place (README, *Streaming*). False reads with
+            ``readinto``.
         batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
             the training process has freed a batch (Linux). 0 allocates a new segment per
             batch, as PyTorch does; more helps only when batches are held longer.

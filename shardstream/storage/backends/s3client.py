@@ -1,11 +1,9 @@
 """Ranged S3 GETs on a plain (synchronous) botocore client, read into one buffer per request.
 
-s3fs talks to S3 through aiobotocore and aiohttp, from an event loop in another thread: every
-read hops between threads and the body arrives in 64 KiB pieces that are copied and joined.
-Measured against radosgw on 127.0.0.1 (4.7 MB ranged GETs, one at a time) that path reaches
-~250 MB/s at 1.1-1.5 CPU s/GB; botocore's own urllib3 client, reading each body straight into
-one preallocated buffer, ~340 MB/s at 0.7 CPU s/GB, and it is thread-safe, so several GETs can
-run at once from a small thread pool (:mod:`shardstream.storage.remote.prefetch`).
+s3fs talks to S3 through aiobotocore from an event loop in another thread, and copies and joins
+each body's 64 KiB parts; botocore's own client reads each body straight into one buffer, at
+about half the CPU per byte (README, *Benchmarks*), and is thread-safe, so several GETs run at
+once from a small thread pool (:mod:`shardstream.storage.remote.prefetch`).
 
 The client is built from the same settings as the s3fs filesystem (keys, token, endpoint,
 ``client_kwargs``, ``config_kwargs``, session ``kwargs`` such as ``profile``), once per process

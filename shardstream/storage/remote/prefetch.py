@@ -1,9 +1,8 @@
 """Several ranged GETs in flight per process: a shared fetch pool and a span prefetcher.
 
-An object store answers each request after a fixed delay (radosgw on 127.0.0.1: ~3 ms for a
-64 KiB GET, ~19 ms for 4 MiB, that is ~220 MB/s on one connection, while 4 GETs at once reach
-~600 MB/s). A DataLoader worker that waits for one GET at a time therefore leaves most of the
-server idle, and its decoding waits on the network. Here:
+An object store answers each request after a fixed delay, and one connection carries a fraction
+of what several at once do (README, *Benchmarks*): a DataLoader worker that waits for one GET at
+a time leaves most of the server idle, and its decoding waits on the network. Here:
 
 - :class:`FetchPool` is one set of daemon threads per process, shared by every open stream, that
   runs span fetches in the order submitted: ``ReadOptions.min_requests`` of them where the store
