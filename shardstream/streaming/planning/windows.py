@@ -3,7 +3,7 @@
 A rank part is cut into *lanes* of consecutive units (see :class:`~.split.Shape`), each unit
 belonging to one stream. A stream's samples in lane ``l`` (its units there, end to end) form
 its *sub-lane*. Window ``i`` of a stream takes ``piece_size`` samples from each of its
-sub-lanes, positions ``[i * piece_size, (i + 1) * piece_size)``, so one window holds pieces
+sub-lanes, positions ``[i * piece_size, (i + 1) * piece_size)``, so one window holds runs
 from all over the rank part (shards written in class order still give mixed batches), and
 yields them in a seeded random interleave: a uniformly random order of the window's samples in
 which every run keeps its own order. So every run is read front to back (one ranged read, or
