@@ -128,7 +128,7 @@ def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
     start = time.perf_counter()
     loader = make_loader(row, mode, workers, paths)
     if row == "shardstream-stats":  # the training loop's side of the statistics too
-        from shardstream.streaming.stats import LoaderStats
+        from shardstream.streaming.diagnostics.stats import LoaderStats
 
         loader = LoaderStats(loader.dataset).watch(loader)
     first, count = None, 0

@@ -127,7 +127,11 @@ def train_accuracy(order: np.ndarray, data: tuple[np.ndarray, ...], seed: int) -
 
 
 def figures(run: PeerRun, data: tuple[np.ndarray, ...], seed: int) -> dict[str, float]:
-    from shardstream.streaming.mixmetrics import distinct_per_batch, random_distinct, spearman
+    from shardstream.streaming.diagnostics.mixmetrics import (
+        distinct_per_batch,
+        random_distinct,
+        spearman,
+    )
 
     y = data[1]
     order = run.positions()

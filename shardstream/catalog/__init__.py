@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from shardstream.catalog.exclude import exclude_samples
     from shardstream.catalog.facts import DatasetFacts
     from shardstream.catalog.indexer import IndexOptions, index_shards
-    from shardstream.catalog.partitions import merge_partitions
+    from shardstream.catalog.partitionmerge import merge_partitions
     from shardstream.catalog.shardlist import (
         ShardList,
         ShardSource,
@@ -78,7 +78,7 @@ _LAZY = {
     "Source": "shardstream.catalog.shardlist",
     "index_shards": "shardstream.catalog.indexer",
     "make_view": "shardstream.catalog.views",
-    "merge_partitions": "shardstream.catalog.partitions",
+    "merge_partitions": "shardstream.catalog.partitionmerge",
     "read_dataset": "shardstream.catalog.shardlist",
     "resolve_source": "shardstream.catalog.shardlist",
     "split_dataset": "shardstream.catalog.views",

@@ -51,7 +51,11 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     stream = StreamOptions(storage_options=storage_options(args))
     if args.shuffle:
-        from shardstream.streaming.mixcheck import MixCheckOptions, check_mix, format_mix_report
+        from shardstream.streaming.diagnostics.mixcheck import (
+            MixCheckOptions,
+            check_mix,
+            format_mix_report,
+        )
 
         mix = MixCheckOptions(
             workers=args.workers, batch_size=args.batch_size, world_size=args.ranks,
@@ -61,7 +65,7 @@ def _run_bench(args: argparse.Namespace) -> int:
                  f"rank 0 of {args.ranks}, seed {args.seed}")  # fmt: skip
         return _report(args, lambda progress: check_mix(
             args.dataset, mix, stream_options=stream, progress=progress), title, format_mix_report)
-    from shardstream.streaming.bench import BenchOptions, format_report, run_bench
+    from shardstream.streaming.diagnostics.bench import BenchOptions, format_report, run_bench
 
     options = BenchOptions(
         workers=args.workers, batch_size=args.batch_size, mode=args.mode,

@@ -83,7 +83,7 @@ def add_merge(subparsers: Any) -> None:
 
 
 def _run_merge(args: argparse.Namespace) -> int:
-    from shardstream.catalog.partitions import merge_partitions
+    from shardstream.catalog.partitionmerge import merge_partitions
 
     manifest = merge_partitions(args.dest, args.partitions, storage_options=storage_options(args))
     parts = manifest.settings.get("partitions")

@@ -42,7 +42,7 @@ Sample = dict[str, Any]
 _ZERO = bytes(BLOCK)
 #: Default largest member read into memory (a documented ``StreamOptions`` setting).
 DEFAULT_MAX_MEMBER_BYTES = 1 << 30
-_CHUNK_BYTES = 16 << 20
+_STEP_BYTES = 16 << 20
 
 
 class _Prepend:
@@ -93,7 +93,7 @@ class TarReader:
     Nothing a header declares is believed blindly: a member larger than ``max_member_bytes``,
     or reaching past the known end of the shard (``end``, else ``size``), is a
     :class:`ShardFormatError` before any memory is allocated for it, and data is read in
-    bounded chunks, so memory grows with the bytes actually present, never with a declared size.
+    bounded steps, so memory grows with the bytes actually present, never with a declared size.
 
     Args:
         stream: Uncompressed tar bytes.
@@ -168,7 +168,7 @@ class TarReader:
         return data
 
     def _read(self, size: int, what: str) -> bytes:
-        data = self._read_some(size) if size <= _CHUNK_BYTES else self._read_chunked(size)
+        data = self._read_some(size) if size <= _STEP_BYTES else self._read_in_steps(size)
         if len(data) != size:
             raise ShardFormatError(
                 f"{self.url}: truncated at byte offset {self.offset + len(data)} while reading "
@@ -178,10 +178,10 @@ class TarReader:
         self.offset += size
         return data
 
-    def _read_chunked(self, size: int) -> bytes:
+    def _read_in_steps(self, size: int) -> bytes:
         parts, left = [], size
         while left:
-            part = self._read_some(min(left, _CHUNK_BYTES))
+            part = self._read_some(min(left, _STEP_BYTES))
             parts.append(part)
             left -= len(part)
             if not part:
@@ -193,8 +193,8 @@ class TarReader:
             self._stream.seek(size, 1)
             self.offset += size
             return
-        while size:  # read and drop, a bounded chunk at a time
-            step = min(size, _CHUNK_BYTES)
+        while size:  # read and drop, a bounded step at a time
+            step = min(size, _STEP_BYTES)
             self._read(step, what)
             size -= step
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 # The catalog's operations are also named here, where they were before shardstream.catalog.
 from shardstream.catalog.indexer import IndexOptions, index_shards
-from shardstream.catalog.partitions import merge_partitions
+from shardstream.catalog.partitionmerge import merge_partitions
 from shardstream.catalog.views import make_view, split_dataset
 from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter.build import ProgressCallback, build_shards

@@ -2,7 +2,7 @@
 
 Each task writes its samples as a complete small dataset in ``DEST/part-NNNNN``; when all are
 done, :func:`~shardstream.catalog.merge_partitions` writes the dataset's manifest over them (see
-:mod:`shardstream.catalog.partitions`).
+:mod:`shardstream.catalog.partitionmerge`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from shardstream.catalog.partitions import partition_folder
+from shardstream.catalog.partitionmerge import partition_folder
 from shardstream.format.manifest import Manifest
 from shardstream.shardwriter.build import build_shards
 from shardstream.shardwriter.options import BuildOptions

@@ -8,14 +8,17 @@ atomic publish. Its parts:
 - ``store.py``: :class:`Store`, the API the rest of shardstream uses;
 - ``ranges.py``: :class:`~shardstream.storage.ranges.Ranges`, a reader's byte ranges of one
   store (what a streaming worker asks for: buffers, streams, announcements);
-- ``backends/``: one file per kind of store (local files, S3, any other fsspec filesystem) and
-  the one switch that picks a backend from a URL's protocol (``backends/__init__.py``);
+- ``backends/``: one file per kind of store (local files, S3, HTTP, GCS, Azure, any other
+  fsspec filesystem) and the one switch that picks a backend from a URL's protocol
+  (``backends/__init__.py``);
 - ``remote/``: the machinery of remote reads: ranged requests retried and resumed at the byte
   reached, spans fetched by a shared pool whose size follows the measured first-byte latency,
   announced ranges fetched ahead, reused receive buffers, several small objects at once, and
   the local shard cache;
 - ``options.py``: :class:`ReadOptions` (retries, read-ahead, cache) and upload part sizes;
 - ``patterns.py``: shard URLs as written: globs expanded, list entries resolved, missing files;
+- ``bounded.py``, ``processlocal.py``: a local file that ends at a range's end, one object per
+  process (what a forked worker inherits is never used);
 - ``limits.py``, ``lock.py``, ``redact.py``, ``diagnose.py``: open-file budgets, one writer per
   local destination, keeping credentials out of messages, one-line failure diagnoses.
 """

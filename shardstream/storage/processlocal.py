@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["ProcessLocal"]
 
@@ -19,6 +19,9 @@ T = TypeVar("T")
 
 class ProcessLocal(Generic[T]):
     """This process's value, made on first use in each process.
+
+    An attribute of an object that is pickled to another process (a spawned DataLoader worker)
+    travels as ``make`` alone: the other process makes its own value.
 
     Example:
         >>> counters = ProcessLocal(list)
@@ -43,3 +46,9 @@ class ProcessLocal(Generic[T]):
         """The calling process's value if it made one, else ``None`` (nothing is made)."""
         with self._lock:
             return self._value if self._pid == os.getpid() else None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"make": self._make}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["make"])  # type: ignore[misc]

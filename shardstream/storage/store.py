@@ -16,6 +16,7 @@ from shardstream.errors import ConfigError
 from shardstream.storage.backends import Backend, backend_for
 from shardstream.storage.backends.localmaps import DEFAULT_MAP_CACHE_BYTES
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranges import Ranges
 from shardstream.storage.redact import redact_url, secret_values
 
@@ -49,8 +50,12 @@ class Store:
         self.root = os.fspath(root)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.read_options = read_options or ReadOptions()
-        self._resolved: tuple[int, Any, str] | None = None
-        self._resolved_for_reading: tuple[int, Any, str] | None = None
+        #: ``(filesystem, root path)`` for most calls, and for ranged reads (resolved once per
+        #: process: forked workers resolve again).
+        self._resolved: ProcessLocal[tuple[Any, str]] = ProcessLocal(self._resolve)
+        self._resolved_for_reading: ProcessLocal[tuple[Any, str]] = ProcessLocal(
+            self._resolve_for_reading
+        )
 
     @classmethod
     def for_urls(
@@ -130,10 +135,14 @@ class Store:
 
     def _fs(self) -> tuple[Any, str]:
         """``(filesystem, root path)``, resolved once per process (forked workers re-resolve)."""
-        if self._resolved is None or self._resolved[0] != os.getpid():
-            fs, path = self.backend().filesystem(self.root or ".", self.storage_options)
-            self._resolved = (os.getpid(), fs, path)
-        return self._resolved[1], self._resolved[2]
+        return self._resolved.get()
+
+    def _resolve(self) -> tuple[Any, str]:
+        return self.backend().filesystem(self.root or ".", self.storage_options)
+
+    def _resolve_for_reading(self) -> tuple[Any, str]:
+        timeout_s = self.read_options.timeout_s
+        return self.backend().read_filesystem(self.root, self.storage_options, timeout_s)
 
     def _path(self, name: str = "") -> tuple[Any, str]:
         fs, root = self._fs()
@@ -158,10 +167,7 @@ class Store:
             return self.backend(name).read_filesystem(
                 self.url(name), self.storage_options, timeout_s
             )
-        if self._resolved_for_reading is None or self._resolved_for_reading[0] != os.getpid():
-            fs, root = self.backend().read_filesystem(self.root, self.storage_options, timeout_s)
-            self._resolved_for_reading = (os.getpid(), fs, root)
-        fs, root = self._resolved_for_reading[1], self._resolved_for_reading[2]
+        fs, root = self._resolved_for_reading.get()
         return fs, root.rstrip("/") + "/" + name if name else root
 
     # -- reading -------------------------------------------------------------------------------
@@ -199,9 +205,7 @@ class Store:
         if ranges:
             self.backend(ranges[0][0]).prefetch(self, ranges, group)
 
-    def ranges(
-        self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES
-    ) -> Ranges:
+    def ranges(self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES) -> Ranges:
         """A reader's byte ranges of this store's files (see :mod:`shardstream.storage.ranges`):
         what a streaming worker asks for, one per pass. Close it when the pass ends.
 

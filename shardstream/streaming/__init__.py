@@ -2,8 +2,12 @@
 that a resume (and an evaluation) counts every sample as it should.
 
 ``StreamingDataset`` is the entry point (it needs torch); ``StreamingDataLoader`` adds
-checkpointable positions. Names are imported lazily, so the torch-free parts
-(:mod:`shardstream.streaming.planning`) import without torch.
+checkpointable positions. The modules here wire; the work is in folders, each importing only
+those before it: ``planning/`` (torch-free, I/O-free formulas of the epoch's order),
+``decoding/`` (samples to training values, GPU decoding), ``worker/`` (what one DataLoader
+worker runs), ``control/`` (which pass a process reads, the resume state) and ``diagnostics/``
+(statistics, ``shardstream bench``). Names are imported lazily, so the torch-free parts import
+without torch.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ if TYPE_CHECKING:
     from shardstream.streaming.control.position import Position
     from shardstream.streaming.dataset import StreamingDataset
     from shardstream.streaming.decoding.gpudecode import GpuDecode
+    from shardstream.streaming.diagnostics.stats import LoaderStats
     from shardstream.streaming.lightningcallback import LoaderPositionCheck
     from shardstream.streaming.loader import StreamingDataLoader
     from shardstream.streaming.mixture import Stream
@@ -29,6 +34,7 @@ __all__ = [
     "EvaluationPart",
     "GpuDecode",
     "LoaderPositionCheck",
+    "LoaderStats",
     "Position",
     "RandomAccessDataset",
     "ResumeAudit",
@@ -46,6 +52,7 @@ _LAZY = {
     "EvaluationPart": "shardstream.streaming.randomaccess",
     "GpuDecode": "shardstream.streaming.decoding.gpudecode",
     "LoaderPositionCheck": "shardstream.streaming.lightningcallback",  # imports lightning
+    "LoaderStats": "shardstream.streaming.diagnostics.stats",
     "Position": "shardstream.streaming.control.position",
     "RandomAccessDataset": "shardstream.streaming.randomaccess",
     "ResumeAudit": "shardstream.streaming.resumeaudit",

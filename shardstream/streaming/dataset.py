@@ -10,13 +10,13 @@ import torch.utils.data
 from shardstream.catalog.shardlist import ShardList, Source
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import Manifest
-from shardstream.streaming.control.channel import EpochChannel
+from shardstream.streaming.control.channel import MAX_WORKERS, EpochChannel
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.controller import PassControl
 from shardstream.streaming.control.inputs import PassInputs
+from shardstream.streaming.control.resumestate import PassState, VersionNumber
 from shardstream.streaming.control.run import run_pass
-from shardstream.streaming.control.state import PassState, VersionNumber
-from shardstream.streaming.control.versions import VersionSet, open_version
+from shardstream.streaming.control.versionset import VersionSet, open_version
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode
 from shardstream.streaming.mixture import Mixture, Stream
@@ -72,7 +72,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         version: Pin this version of a dataset that grows (``build_shards(..., append=True)``);
             None reads the newest published when the dataset is made. A resumed epoch reads
             the version it began with either way (see
-            :mod:`shardstream.streaming.control.versions`).
+            :mod:`shardstream.streaming.control.versionset`).
 
     Epochs: each new pass over the dataset moves to the next epoch by itself (new shard order
     and shuffles), whatever loader runs it and whether its workers persist; ``set_epoch(n)``
@@ -83,7 +83,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     Versions: a dataset that grows is read at one version per epoch (``self.version``: the
     newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
     state records, the next epoch ``self.version`` (see
-    :mod:`shardstream.streaming.control.versions`). Under torch.distributed every rank reads
+    :mod:`shardstream.streaming.control.versionset`). Under torch.distributed every rank reads
     rank 0's version (making the dataset is then a collective: make it on every rank), and
     ``refresh_version`` or ``StreamOptions(follow_versions=True)`` move every rank to the
     newest between epochs (see :mod:`shardstream.streaming.control.agreement`).
@@ -126,7 +126,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         #: Finishes batches on the GPU in the training process (``decode="cuda"``), else None.
         self.gpu_decode: GpuDecode | None = gpu_decode
         #: Loader statistics' shared table, or None (``StreamOptions(stats=True)``).
-        self.stats_board = StatsBoard() if options.stats else None
+        self.stats_board = StatsBoard(MAX_WORKERS) if options.stats else None
         #: Which pass each process reads, and its resume (:mod:`.control`).
         versions = VersionSet(source, opened, pinned=version is not None)
         self.control = PassControl(PassInputs(versions, EpochChannel(opened.number)))

@@ -10,7 +10,7 @@ import torch.utils.data
 from shardstream.errors import ConfigError
 from shardstream.streaming.control.position import LoaderPosition, Position
 from shardstream.streaming.dataset import StreamingDataset
-from shardstream.streaming.stats import LoaderStats
+from shardstream.streaming.diagnostics.stats import LoaderStats
 
 __all__ = ["StreamingDataLoader"]
 
@@ -81,7 +81,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
 
     def stats(self) -> dict[str, Any]:
         """Loader statistics as a plain dict (``StreamOptions(stats=True)``; see
-        :mod:`shardstream.streaming.stats`): samples/s, data stall, worker stage times.
+        :mod:`shardstream.streaming.diagnostics.stats`): samples/s, data stall, worker stage times.
 
         Raises:
             ConfigError: Statistics are off.

@@ -18,7 +18,7 @@ from shardstream.catalog.shardlist import ShardList, Source, resolve_source, sou
 from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, StorageOptions
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence, stream_quotas
-from shardstream.streaming.planning.split import PlanOptions
+from shardstream.streaming.planning.order import PlanOptions
 
 __all__ = ["Mixture", "Stream", "stream_quotas"]
 
@@ -92,7 +92,7 @@ class Mixture:
             self.names.append(stream.name or store.shown())
             versions.append(manifest.version)
         #: The version of every stream's dataset read (see
-        #: :mod:`shardstream.streaming.control.versions`).
+        #: :mod:`shardstream.streaming.control.versionset`).
         self.versions = tuple(versions)
         self.shards = ShardList(sources)
         sizes = [int(self.shards.counts(i).sum()) for i in range(len(streams))]

@@ -27,11 +27,11 @@ class StreamOptions:
             read or memory map). Larger means fewer, larger reads (remote: ranged requests).
             None chooses from the dataset: 8 locally, at least 1 MiB of samples remotely.
         chunk_size: The epoch is read in chunks of this many consecutive samples, each from a
-            seeded random place of the dataset (see :mod:`shardstream.streaming.planning.chunks`),
-            so shards written in class order still give every rank and worker the whole
-            dataset's mix all epoch long. 0 reads whole shards in a shuffled order (the order
-            of releases before 0.3). None chooses from the dataset: a piece for indexed
-            shards, 0 without indexes.
+            seeded random place of the dataset (see
+            :mod:`shardstream.streaming.planning.chunkorder`), so shards written in class order
+            still give every rank and worker the whole dataset's mix all epoch long. 0 reads
+            whole shards in a shuffled order (the order of releases before 0.3). None chooses
+            from the dataset: a piece for indexed shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
             None chooses from the dataset: 64, or four pieces remotely.
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
@@ -54,9 +54,9 @@ class StreamOptions:
             (no copy and no private memory per buffered sample; see
             :mod:`shardstream.storage.backends.localmaps`): each shard is mapped whole on its
             first piece and kept for the pass (at most 2 GiB of shard files per reader), so the
-            pages read count in the process's resident size until the pass ends. A shard
-            truncated in place while mapped fails with SIGBUS, as with any memory-mapped reader;
-            False reads with ``readinto``.
+            pages read count in the process's resident size until the pass ends; replace
+            mapped shards by renaming, never in place (README, *Streaming*). False reads with
+            ``readinto``.
         batch_buffers: Shared-memory batch buffers each DataLoader worker keeps and reuses once
             the training process has freed a batch (Linux). 0 allocates a new segment per
             batch, as PyTorch does; more helps only when batches are held longer.
@@ -64,7 +64,7 @@ class StreamOptions:
         read_options: Retries, read-ahead and cache for remote reads.
         stats: Count where the loader's time goes (storage, decode, transform, collate per
             worker; the training loop's waits): ``StreamingDataLoader.stats()``, see
-            :mod:`shardstream.streaming.stats`. Off by default.
+            :mod:`shardstream.streaming.diagnostics.stats`. Off by default.
         stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
             often (from ``StreamingDataLoader``); None logs nothing.
         follow_versions: Move to the newest published version of a dataset that grows at each

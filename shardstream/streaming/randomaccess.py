@@ -13,7 +13,6 @@ counts every sample exactly once (:class:`EvaluationPart`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -23,6 +22,7 @@ import torch.utils.data
 from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError
 from shardstream.format.keys import key_hash
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import current_context
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode
@@ -82,7 +82,7 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         self.convert = SampleConverter(
             decode, transform, self.options.output, self.options.allow_pickle
         )
-        self._reader: tuple[int, ShardReader] | None = None
+        self._readers: ProcessLocal[ShardReader] = ProcessLocal(self._new_reader)
         self._keys: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
@@ -90,11 +90,11 @@ class RandomAccessDataset(torch.utils.data.Dataset):
 
     def reader(self) -> ShardReader:
         """This process's shard reader (DataLoader workers each make their own)."""
-        if self._reader is None or self._reader[0] != os.getpid():
-            options = self.options
-            settings = ReadSettings(options.max_member_bytes, options.memory_map)
-            self._reader = (os.getpid(), ShardReader(self.shards, settings))
-        return self._reader[1]
+        return self._readers.get()
+
+    def _new_reader(self) -> ShardReader:
+        options = self.options
+        return ShardReader(self.shards, ReadSettings(options.max_member_bytes, options.memory_map))
 
     def locate(self, position: int) -> tuple[int, int]:
         """``(shard number, sample within it)`` of a position (negative counts from the end)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.control.position import Position, check_resumed
+from shardstream.streaming.control.resumestate import decode_pass
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.loader import StreamingDataLoader
 
@@ -88,7 +89,7 @@ def _stateful_position(dataset: StreamingDataset, state: Mapping[str, Any] | Non
         batches = int(snapshot["_snapshot_step"]) + int(state["_steps_since_snapshot"])
         workers = snapshot["_worker_snapshots"].values()
         dataset_states = [worker.get("dataset_state") for worker in workers]
-    epochs = [int(item["epoch"]) for item in dataset_states if item]
+    epochs = [decode_pass(item).epoch for item in dataset_states if item]
     epoch = max(epochs) if epochs else dataset.epoch
     # A StatefulDataLoader resumes at the same layout only, so every epoch had this length.
     total = epoch * (length or 0) + batches

@@ -12,15 +12,18 @@ from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.order import (
     DatasetFacts,
     OrderChoice,
+    PlanOptions,
     choose_open_shards,
     choose_order,
 )
-from shardstream.streaming.planning.split import Layout, PlanOptions
+from shardstream.streaming.planning.split import Layout
 from shardstream.streaming.worker.reader import ReadSettings
 
 __all__ = ["Settings"]
 
 _DEFAULT_CANONICAL_WORKERS = 8
+#: The order's numbers, each a ``StreamOptions`` field of the same name (None: chosen).
+_ORDER_FIELDS = tuple(field.name for field in dataclasses.fields(OrderChoice))
 #: Before the shards are known: no index, so whole shards (only for validating options).
 _UNKNOWN = DatasetFacts(indexed=False, local=True, mean_sample_bytes=0.0)
 
@@ -56,7 +59,7 @@ class Settings:
         _check_range("batch_buffers", options.batch_buffers, 0, 64)
         _check_range("shuffle_buffer", options.shuffle_buffer, 0, None)
         _check_range("max_member_bytes", options.max_member_bytes, 1, None)
-        for name in ("num_open", "piece_size", "chunk_size", "block_size"):
+        for name in _ORDER_FIELDS:
             if getattr(options, name) is not None:
                 _check_range(name, getattr(options, name), 0 if name == "chunk_size" else 1, None)
         if options.canonical_workers is not None and options.canonical_ranks is None:
@@ -78,11 +81,8 @@ class Settings:
     @functools.cached_property
     def order(self) -> OrderChoice:
         """The order's chunk size, lanes and piece size: as set, or chosen from the facts."""
-        options = self.options
-        return choose_order(
-            self.facts, options.chunk_size, options.num_open, options.piece_size,
-            options.block_size, self.micro_batch,
-        )  # fmt: skip
+        given = {name: getattr(self.options, name) for name in _ORDER_FIELDS}
+        return choose_order(self.facts, **given, batch_size=self.micro_batch)
 
     @property
     def open_shards(self) -> int:
@@ -94,11 +94,7 @@ class Settings:
     @functools.cached_property
     def plan(self) -> PlanOptions:
         """What fixes the epoch's order (see :mod:`shardstream.streaming.planning`)."""
-        order = self.order
-        return PlanOptions(
-            self.seed, self.shuffle, self.policy, order.block_size, order.piece_size,
-            order.num_open, order.chunk_size,
-        )  # fmt: skip
+        return PlanOptions(self.seed, self.shuffle, self.policy, **dataclasses.asdict(self.order))
 
     @property
     def micro_batch(self) -> int:
@@ -145,10 +141,7 @@ class Settings:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "policy": self.policy,
-            "num_open": self.order.num_open,
-            "piece_size": self.order.piece_size,
-            "chunk_size": self.order.chunk_size,
-            "block_size": self.order.block_size,
+            **dataclasses.asdict(self.order),
             "shuffle_buffer": options.shuffle_buffer,
         }
 

@@ -4,6 +4,9 @@
 Read from the source with ``ast`` (every import, also those inside functions and those under
 ``TYPE_CHECKING``: a type-only import is still a dependency, and a circle through one is still
 a circle), so a wrong-way import or a cycle fails here before it hides behind a lazy import.
+Inside a package, folders import one way too (``FOLDER_ORDER``). No two modules share a file
+name (a newcomer who opens ``passes.py`` should find the one meant), and none is over
+``MAX_LINES`` lines.
 Planning is torch-free and I/O-free, the format package torch-free, and both import in a Python
 where torch cannot be imported at all. Pass control (``streaming/control``) never imports the
 dataset or the loader it serves, and only ``control/context.py`` reads ``torch.distributed`` or
@@ -76,6 +79,74 @@ def test_layers_import_one_way() -> None:
             if other == "__init__" and part != "__init__" and target == "shardstream":
                 wrong.append(f"{module} -> shardstream (the package root)")
     assert wrong == []
+
+
+#: Per package with folders, its folders from the bottom up: a module in one may import its own
+#: folder and those before it, never one after. The package's own modules (the dataset, the
+#: loader, ``store.py``) wire the folders together and are not in the order.
+FOLDER_ORDER = {
+    "storage": ["remote", "backends"],
+    "streaming": ["planning", "decoding", "worker", "control", "diagnostics"],
+}
+
+
+def _folder(module: str) -> tuple[str, str] | None:
+    """``(package, folder)`` of a module inside a package's folder, else None."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[2] in FOLDER_ORDER.get(parts[1], ()):
+        return parts[1], parts[2]
+    return None
+
+
+def test_every_folder_has_its_place_in_the_order() -> None:
+    folders = {
+        (path.parent.parent.name, path.parent.name)
+        for path in PACKAGE.glob("*/*/__init__.py")
+    }
+    placed = {(package, folder) for package, order in FOLDER_ORDER.items() for folder in order}
+    assert folders == placed
+
+
+def test_no_import_runs_upwards_inside_a_package() -> None:
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        here = _folder(module)
+        if here is None:
+            continue
+        order = FOLDER_ORDER[here[0]]
+        for target in _imports(path, set(modules)):
+            there = _folder(target)
+            if there and there[0] == here[0] and order.index(there[1]) > order.index(here[1]):
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+#: File names more than one module may have: a package's ``options.py`` (its one options module),
+#: and the CLI's modules, each named after the command it runs (``cli/build.py`` runs
+#: ``shardstream build`` with ``shardwriter/build.py``).
+SHARED_NAMES = {"__init__.py", "__main__.py", "options.py"}
+
+#: The longest a module may be (the style asks for about 300).
+MAX_LINES = 330
+
+
+def test_no_two_library_modules_share_a_file_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in SHARED_NAMES or path.parent.name == "cli":
+            continue
+        seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_no_module_is_over_the_line_limit() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
 
 
 def _top_level(node: ast.AST) -> set[str]:

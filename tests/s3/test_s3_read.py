@@ -165,11 +165,11 @@ def test_read_ahead_is_bounded_and_stops_on_close(
     stream: Any = Store(URL, proxy_options, options).open_read()
     assert stream.read(100) == blob[:100]
     time.sleep(0.5)  # let the background thread fill its queue
-    assert stream.chunk_source.buffered_bytes <= options.read_ahead_bytes
+    assert stream.extent_source.buffered_bytes <= options.read_ahead_bytes
     # Socket buffers hold some more, but nowhere near the whole object.
     assert fault_proxy.sent_bytes() < len(blob) // 2
     stream.close()
-    assert not stream.chunk_source.alive
+    assert not stream.extent_source.alive
     assert threading.active_count() <= before + 1  # at most fsspec's shared event-loop thread
 
 

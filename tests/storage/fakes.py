@@ -1,7 +1,7 @@
-"""In-memory stand-ins for storage: a ranged object that fails where a test says, a chunk list.
+"""In-memory stand-ins for storage: a ranged object that fails where a test says, an extent list.
 
 ``FakeObject`` implements :class:`~shardstream.storage.remote.ranged.RangeSource` (and its bodies
-``RangeBody``); ``FakeChunks`` implements ``ChunkSource``. Both count what was asked of them, so
+``RangeBody``); ``FakeExtents`` implements ``ExtentSource``. Both count what was asked of them, so
 tests can check where each request started and that every response was closed.
 """
 
@@ -107,7 +107,7 @@ class FakeBody:
         self.source, self.position, self.end = source, offset, end
         self.closed = False
 
-    def read_chunk(self, num_bytes: int) -> bytes:
+    def read_extent(self, num_bytes: int) -> bytes:
         if self.closed:
             raise AssertionError("read from a closed body")
         fault = self.source.take_fault(self.position, ("reset", "stall", "denied", "cut"))
@@ -129,27 +129,27 @@ class FakeBody:
             self.source.open_bodies -= 1
 
 
-class FakeChunks:
-    """A ChunkSource over fixed chunks; raises ``error`` instead of chunk ``fail_at``.
+class FakeExtents:
+    """A ExtentSource over fixed extents; raises ``error`` instead of extent ``fail_at``.
 
     Args:
-        chunks: What ``next_chunk()`` returns, in order, before ``None``.
-        fail_at: Index of the chunk replaced by ``error``, or ``None``.
+        extents: What ``next_extent()`` returns, in order, before ``None``.
+        fail_at: Index of the extent replaced by ``error``, or ``None``.
         error: The exception raised there.
     """
 
     def __init__(
-        self, chunks: list[bytes], fail_at: int | None = None, error: BaseException | None = None
+        self, extents: list[bytes], fail_at: int | None = None, error: BaseException | None = None
     ) -> None:
-        self.chunks, self.fail_at, self.error = chunks, fail_at, error
+        self.extents, self.fail_at, self.error = extents, fail_at, error
         self.index = 0
         self.calls = 0
         self.calls_after_close = 0
         self.seeks: list[int] = []
         self.closed = False
-        self.on_call: list[Callable[[], None]] = []  # called on every next_chunk
+        self.on_call: list[Callable[[], None]] = []  # called on every next_extent
 
-    def next_chunk(self) -> bytes | None:
+    def next_extent(self) -> bytes | None:
         self.calls += 1
         if self.closed:
             self.calls_after_close += 1
@@ -157,16 +157,16 @@ class FakeChunks:
             hook()
         if self.index == self.fail_at and self.error is not None:
             raise self.error
-        if self.index >= len(self.chunks):
+        if self.index >= len(self.extents):
             return None
-        chunk = self.chunks[self.index]
+        extent = self.extents[self.index]
         self.index += 1
-        return chunk
+        return extent
 
     def seek(self, offset: int) -> None:
-        """Chunks are of equal size; ``offset`` is a multiple of it."""
+        """Extents are of equal size; ``offset`` is a multiple of it."""
         self.seeks.append(offset)
-        self.index = offset // len(self.chunks[0])
+        self.index = offset // len(self.extents[0])
 
     def close(self) -> None:
         self.closed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import pytest
 
 from shardstream.storage.processlocal import ProcessLocal
@@ -22,48 +23,58 @@ def pool(monkeypatch: pytest.MonkeyPatch) -> ReceiveBuffers:
     return fresh
 
 
-def pooled_chunk(pool: ReceiveBuffers, data: bytes) -> memoryview:
+def pooled_extent(pool: ReceiveBuffers, data: bytes) -> memoryview:
     buffer = pool.take(len(data))
     buffer[: len(data)] = data
     return memoryview(buffer)[: len(data)]
 
 
 class Holder:
-    def __init__(self, chunk: Any) -> None:
-        self.chunk = chunk
+    def __init__(self, extent: Any) -> None:
+        self.extent = extent
 
     def take(self) -> Any:
-        chunk, self.chunk = self.chunk, None
-        return chunk
+        extent, self.extent = self.extent, None
+        return extent
 
 
-def test_a_chunk_nobody_else_sees_is_reused(pool: ReceiveBuffers) -> None:
-    holder = Holder(pooled_chunk(pool, b"a" * SIZE))
+def test_a_extent_nobody_else_sees_is_reused(pool: ReceiveBuffers) -> None:
+    holder = Holder(pooled_extent(pool, b"a" * SIZE))
     recycle(holder.take())
     assert pool.kept_bytes >= SIZE
     again = pool.take(SIZE)
     assert pool.reused == 1 and len(again) >= SIZE
 
 
-@pytest.mark.parametrize("kept", ["slice", "reference", "other view"])
-def test_a_chunk_seen_elsewhere_is_left_alone(pool: ReceiveBuffers, kept: str) -> None:
+@pytest.mark.parametrize("kept", ["slice", "other view", "numpy array"])
+def test_a_extent_seen_elsewhere_is_left_alone(pool: ReceiveBuffers, kept: str) -> None:
     data = os.urandom(SIZE)
-    chunk = pooled_chunk(pool, data)
+    extent = pooled_extent(pool, data)
     if kept == "slice":
-        held: Any = chunk[10:]
-    elif kept == "reference":
-        held = chunk
+        held: Any = extent[10:]
+    elif kept == "other view":
+        held = memoryview(extent.obj)
     else:
-        held = memoryview(chunk.obj)
-    holder = Holder(chunk)
-    del chunk
+        held = np.frombuffer(extent, np.uint8)
+    holder = Holder(extent)
+    del extent
     recycle(holder.take())
     assert pool.kept_bytes == 0
     # Taking and filling buffers now must not touch what is held.
     for _ in range(3):
-        pooled_chunk(pool, b"\xff" * SIZE)
+        pooled_extent(pool, b"\xff" * SIZE)
     expected = data[10:] if kept == "slice" else data
     assert bytes(held[: len(expected)]) == expected
+
+
+def test_a_extent_given_back_but_kept_fails_on_use_and_never_shows_other_bytes(
+    pool: ReceiveBuffers,
+) -> None:
+    extent = pooled_extent(pool, os.urandom(SIZE))
+    recycle(extent)  # against the rule: the caller still holds it
+    pooled_extent(pool, b"\xff" * SIZE)  # its buffer is reused...
+    with pytest.raises(ValueError, match="released"):
+        bytes(extent[:10])  # ...and the stale view cannot read it
 
 
 def test_bytes_and_small_buffers_are_not_pooled(pool: ReceiveBuffers) -> None:
@@ -78,14 +89,14 @@ def test_the_pool_is_bounded(pool: ReceiveBuffers) -> None:
     assert pool.kept_bytes <= pool.max_bytes
 
 
-class Chunks:
-    """A chunk source handing out pooled views, like the S3 read path."""
+class Extents:
+    """An extent source handing out pooled views, like the S3 read path."""
 
     def __init__(self, pool: ReceiveBuffers, data: bytes, size: int) -> None:
         self.pool, self.pieces = pool, [data[i : i + size] for i in range(0, len(data), size)]
 
-    def next_chunk(self) -> Any:
-        return pooled_chunk(self.pool, self.pieces.pop(0)) if self.pieces else None
+    def next_extent(self) -> Any:
+        return pooled_extent(self.pool, self.pieces.pop(0)) if self.pieces else None
 
     def seek(self, offset: int) -> None:
         raise AssertionError("not used")
@@ -94,12 +105,12 @@ class Chunks:
         """Nothing to release."""
 
 
-def test_a_stream_gives_read_chunks_back_and_its_bytes_stay_right(pool: ReceiveBuffers) -> None:
+def test_a_stream_gives_read_extents_back_and_its_bytes_stay_right(pool: ReceiveBuffers) -> None:
     data = os.urandom(6 * SIZE + 123)
-    stream = RemoteStream(Chunks(pool, data, SIZE), "s3://b/x.tar", len(data))
+    stream = RemoteStream(Extents(pool, data, SIZE), "s3://b/x.tar", len(data))
     out = bytearray()
     while piece := stream.read(300_001):
         out += piece
     stream.close()
     assert bytes(out) == data
-    assert pool.reused >= 4, "each chunk's buffer served a later one"
+    assert pool.reused >= 4, "each extent's buffer served a later one"

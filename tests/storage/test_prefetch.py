@@ -43,8 +43,8 @@ class Recorder:
 
 def read_all(source: SpanPrefetcher) -> bytes:
     parts = []
-    while (chunk := source.next_chunk()) is not None:
-        parts.append(bytes(chunk))
+    while (extent := source.next_extent()) is not None:
+        parts.append(bytes(extent))
     return b"".join(parts)
 
 
@@ -53,7 +53,7 @@ def test_spans_come_back_in_order_and_exact() -> None:
     prefetcher = SpanPrefetcher(fetch, 1000, 90_001, 7000, 30_000, FetchPool(3))
     assert read_all(prefetcher) == DATA[1000:90_001]
     assert sorted(fetch.calls)[0] == (1000, 8000) and sorted(fetch.calls)[-1][1] == 90_001
-    assert prefetcher.next_chunk() is None, "the end stays the end"
+    assert prefetcher.next_extent() is None, "the end stays the end"
 
 
 def test_several_spans_are_fetched_at_once_within_the_bound() -> None:
@@ -83,10 +83,10 @@ def test_a_caller_fetches_a_span_nobody_started() -> None:
 
 def test_errors_reach_the_caller_at_their_span() -> None:
     prefetcher = SpanPrefetcher(Recorder(fail_at=25_000), 0, 50_000, 10_000, 50_000, FetchPool(2))
-    assert bytes(prefetcher.next_chunk() or b"") == DATA[:10_000]
-    assert bytes(prefetcher.next_chunk() or b"") == DATA[10_000:20_000]
+    assert bytes(prefetcher.next_extent() or b"") == DATA[:10_000]
+    assert bytes(prefetcher.next_extent() or b"") == DATA[10_000:20_000]
     with pytest.raises(OSError, match="broken span at 20000"):
-        prefetcher.next_chunk()
+        prefetcher.next_extent()
 
 
 def test_seek_drops_spans_ahead_and_close_cancels() -> None:
@@ -98,7 +98,7 @@ def test_seek_drops_spans_ahead_and_close_cancels() -> None:
     closing = SpanPrefetcher(Recorder(delay_s=0.05), 0, 100_000, 10_000, 50_000, FetchPool(1),
                              stop)  # fmt: skip
     closing.close()
-    assert stop.is_set() and closing.next_chunk() is None and not closing.alive
+    assert stop.is_set() and closing.next_extent() is None and not closing.alive
 
 
 def test_a_short_object_ends_the_stream_early() -> None:

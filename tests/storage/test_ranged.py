@@ -1,4 +1,4 @@
-"""ChunkFetcher, RemoteStream and BoundedFile over an in-memory object that fails where told.
+"""ExtentFetcher, RemoteStream and BoundedFile over an in-memory object that fails where told.
 
 Every read is compared byte for byte with the object, so a byte lost or repeated at a resume
 shows; the fake records where each ranged request started, so resuming at the exact offset does.
@@ -17,7 +17,7 @@ import pytest
 
 from shardstream.errors import StorageError
 from shardstream.storage.bounded import BoundedFile
-from shardstream.storage.remote.ranged import ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.remote.ranged import ExtentFetcher, ExtentSource, RemoteStream
 from shardstream.storage.remote.readahead import ReadAhead
 from shardstream.storage.remote.retry import Retrier
 from tests.storage.fakes import FakeObject, Fault, random_bytes
@@ -25,7 +25,7 @@ from tests.storage.fakes import FakeObject, Fault, random_bytes
 URL = "s3://bucket/train/shard-000001.tar"
 SIZE = 50_000
 DATA = random_bytes(SIZE)
-CHUNK = 1000
+EXTENT = 1000
 
 
 def fetcher_for(
@@ -35,22 +35,22 @@ def fetcher_for(
     max_attempts: int = 4,
     start: int = 0,
     limit: int | None = None,
-    chunk_bytes: int = CHUNK,
+    extent_bytes: int = EXTENT,
     first_span_bytes: int = 1500,
     max_span_bytes: int = 6000,
-) -> ChunkFetcher:
+) -> ExtentFetcher:
     retrier = Retrier(URL, "reading", max_attempts, backoff_s=0.0, max_backoff_s=0.0)
-    return ChunkFetcher(
-        source, size, chunk_bytes, retrier, first_span_bytes, max_span_bytes, start, limit
+    return ExtentFetcher(
+        source, size, extent_bytes, retrier, first_span_bytes, max_span_bytes, start, limit
     )
 
 
-def drain(fetcher: ChunkFetcher, into: list[bytes] | None = None) -> bytes:
-    chunks = [] if into is None else into
-    while (chunk := fetcher.next_chunk()) is not None:
-        assert 0 < len(chunk) <= fetcher.chunk_bytes
-        chunks.append(chunk)
-    return b"".join(chunks)
+def drain(fetcher: ExtentFetcher, into: list[bytes] | None = None) -> bytes:
+    extents = [] if into is None else into
+    while (extent := fetcher.next_extent()) is not None:
+        assert 0 < len(extent) <= fetcher.extent_bytes
+        extents.append(extent)
+    return b"".join(extents)
 
 
 def stream_over(
@@ -61,7 +61,7 @@ def stream_over(
     start: int = 0,
     head: bytes = b"",
     max_attempts: int = 4,
-    chunk_bytes: int = CHUNK,
+    extent_bytes: int = EXTENT,
     max_span_bytes: int = 6000,
 ) -> RemoteStream:
     """A RemoteStream as ``open_remote`` builds it: fetcher, optional read-ahead, head bytes."""
@@ -70,14 +70,14 @@ def stream_over(
         size,
         start=start + len(head),
         max_attempts=max_attempts,
-        chunk_bytes=chunk_bytes,
-        first_span_bytes=min(1500, chunk_bytes),
+        extent_bytes=extent_bytes,
+        first_span_bytes=min(1500, extent_bytes),
         max_span_bytes=max_span_bytes,
     )
-    chunks: ChunkSource = fetcher
+    extents: ExtentSource = fetcher
     if read_ahead:
-        chunks = ReadAhead(fetcher, 8 * chunk_bytes, chunk_bytes, fetcher.retrier.stop)
-    return RemoteStream(chunks, URL, size, start, head)
+        extents = ReadAhead(fetcher, 8 * extent_bytes, extent_bytes, fetcher.retrier.stop)
+    return RemoteStream(extents, URL, size, start, head)
 
 
 def test_spans_grow_to_the_cap_and_cover_the_object_once() -> None:
@@ -92,7 +92,7 @@ def test_spans_grow_to_the_cap_and_cover_the_object_once() -> None:
 
 
 FAULT_SETS = {
-    "reset mid-chunk": [Fault(12_345, "reset")],
+    "reset mid-extent": [Fault(12_345, "reset")],
     "reset at a request boundary": [Fault(1500, "reset")],
     "short read at byte 0": [Fault(0, "cut")],
     "stall on the last byte": [Fault(SIZE - 1, "stall")],
@@ -168,27 +168,27 @@ def test_a_range_past_the_object_end_stops_at_the_end() -> None:
     fetcher = fetcher_for(FakeObject(DATA, publish_size=True), size=80_000, limit=80_000)
     assert drain(fetcher) == DATA and fetcher.size == SIZE
     beyond = fetcher_for(FakeObject(DATA, publish_size=True), size=None, start=60_000)
-    assert beyond.next_chunk() is None
+    assert beyond.next_extent() is None
 
 
 def test_seek_restarts_at_the_target_and_clamps_to_the_size() -> None:
     source = FakeObject(DATA)
     fetcher = fetcher_for(source)
-    assert fetcher.next_chunk() == DATA[:CHUNK]
+    assert fetcher.next_extent() == DATA[:EXTENT]
     fetcher.seek(25_000)
     assert source.open_bodies == 0, "the open response was dropped"
     assert drain(fetcher) == DATA[25_000:]
     assert source.opens[1] == (25_000, 25_000 + 1500), "a seek starts with the first span again"
     fetcher.seek(10**9)
-    assert fetcher.next_chunk() is None
+    assert fetcher.next_extent() is None
 
 
 def test_close_stops_fetching_and_releases_the_response() -> None:
     source = FakeObject(DATA)
     fetcher = fetcher_for(source)
-    assert fetcher.next_chunk() == DATA[:CHUNK]
+    assert fetcher.next_extent() == DATA[:EXTENT]
     fetcher.close()
-    assert source.open_bodies == 0 and fetcher.next_chunk() is None
+    assert source.open_bodies == 0 and fetcher.next_extent() is None
     assert len(source.opens) == 1
 
 
@@ -225,7 +225,7 @@ def test_seek_and_tell(read_ahead: bool) -> None:
     size = 3 * 2**20  # longer than the read-on distance, so a far jump makes a new request
     data = random_bytes(size, seed=1)
     source = FakeObject(data)
-    with stream_over(source, read_ahead, size, chunk_bytes=2**16, max_span_bytes=2**18) as stream:
+    with stream_over(source, read_ahead, size, extent_bytes=2**16, max_span_bytes=2**18) as stream:
         assert stream.seekable() and stream.read(100) == data[:100]
         assert stream.seek(50, io.SEEK_CUR) == 150 and stream.tell() == 150
         assert stream.read(10) == data[150:160]
@@ -286,14 +286,14 @@ def test_an_exhausted_budget_reaches_the_reader(read_ahead: bool) -> None:
         assert stream.read(20_000) == DATA[:20_000]
         with pytest.raises(StorageError, match="byte offset 20000"):
             stream.read(1)
-        chunks = stream.chunk_source
-    assert not getattr(chunks, "alive", False)
+        extents = stream.extent_source
+    assert not getattr(extents, "alive", False)
     assert source.open_bodies == 0
 
 
 def _read_in_child(stream: RemoteStream) -> None:
     with pytest.raises(StorageError, match="opened in process"):
-        stream.read(3 * CHUNK)  # more than the parent left buffered, so a fetch is needed
+        stream.read(3 * EXTENT)  # more than the parent left buffered, so a fetch is needed
 
 
 def test_a_stream_is_not_read_in_a_forked_child() -> None:

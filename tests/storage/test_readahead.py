@@ -1,4 +1,4 @@
-"""ReadAhead on its own, over a fake ChunkSource: order, bounded memory, stop on close, errors.
+"""ReadAhead on its own, over a fake ExtentSource: order, bounded memory, stop on close, errors.
 
 Waits poll the object's state with generous deadlines; nothing asserts how long anything took.
 """
@@ -11,18 +11,18 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shardstream.storage.remote.ranged import ChunkFetcher
+from shardstream.storage.remote.ranged import ExtentFetcher
 from shardstream.storage.remote.readahead import ReadAhead
 from shardstream.storage.remote.retry import Retrier
-from tests.storage.fakes import FakeChunks, FakeObject, Fault, random_bytes
+from tests.storage.fakes import FakeExtents, FakeObject, Fault, random_bytes
 
-CHUNK = 1024
-MAX_BYTES = 8 * CHUNK
+EXTENT = 1024
+MAX_BYTES = 8 * EXTENT
 DEADLINE_S = 10.0
 
 
-def make_chunks(count: int) -> list[bytes]:
-    return [random_bytes(CHUNK, seed=index) for index in range(count)]
+def make_extents(count: int) -> list[bytes]:
+    return [random_bytes(EXTENT, seed=index) for index in range(count)]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> bool:
@@ -32,7 +32,7 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = DEADLINE_S) -> 
     return predicate()
 
 
-def wait_idle(source: FakeChunks, settle_s: float = 0.1) -> None:
+def wait_idle(source: FakeExtents, settle_s: float = 0.1) -> None:
     """Return once the source has not been called for ``settle_s`` (the producer is blocked)."""
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
@@ -44,65 +44,65 @@ def wait_idle(source: FakeChunks, settle_s: float = 0.1) -> None:
 
 
 @pytest.fixture
-def source() -> FakeChunks:
-    return FakeChunks(make_chunks(200))
+def source() -> FakeExtents:
+    return FakeExtents(make_extents(200))
 
 
 @pytest.fixture
-def read_ahead(source: FakeChunks) -> Iterator[ReadAhead]:
-    ahead = ReadAhead(source, MAX_BYTES, CHUNK, threading.Event())
+def read_ahead(source: FakeExtents) -> Iterator[ReadAhead]:
+    ahead = ReadAhead(source, MAX_BYTES, EXTENT, threading.Event())
     yield ahead
     ahead.close()
 
 
-def test_the_first_chunk_is_fetched_in_the_callers_thread(
-    source: FakeChunks, read_ahead: ReadAhead
+def test_the_first_extent_is_fetched_in_the_callers_thread(
+    source: FakeExtents, read_ahead: ReadAhead
 ) -> None:
     callers: list[threading.Thread] = []
     source.on_call.append(lambda: callers.append(threading.current_thread()))
-    assert read_ahead.next_chunk() == source.chunks[0]
+    assert read_ahead.next_extent() == source.extents[0]
     assert callers == [threading.current_thread()] and not read_ahead.alive
-    assert read_ahead.next_chunk() == source.chunks[1]
+    assert read_ahead.next_extent() == source.extents[1]
     assert read_ahead.alive and callers[1] is not threading.current_thread()
 
 
-def test_every_chunk_arrives_once_and_in_order() -> None:
-    source = FakeChunks(make_chunks(50))
-    ahead = ReadAhead(source, 4 * CHUNK, CHUNK, threading.Event())
+def test_every_extent_arrives_once_and_in_order() -> None:
+    source = FakeExtents(make_extents(50))
+    ahead = ReadAhead(source, 4 * EXTENT, EXTENT, threading.Event())
     received = []
-    while (chunk := ahead.next_chunk()) is not None:
-        received.append(chunk)
-    assert received == source.chunks
-    assert ahead.next_chunk() is None, "the end stays the end"
+    while (extent := ahead.next_extent()) is not None:
+        received.append(extent)
+    assert received == source.extents
+    assert ahead.next_extent() is None, "the end stays the end"
     assert wait_until(lambda: not ahead.alive), "the thread ends with the object"
     ahead.close()
 
 
-def test_the_window_starts_at_one_chunk_and_grows_to_max_bytes(
-    source: FakeChunks, read_ahead: ReadAhead
+def test_the_window_starts_at_one_extent_and_grows_to_max_bytes(
+    source: FakeExtents, read_ahead: ReadAhead
 ) -> None:
     queued_at_call: list[int] = []
     source.on_call.append(lambda: queued_at_call.append(read_ahead.buffered_bytes))
-    assert [read_ahead.next_chunk() for _ in range(2)] == source.chunks[:2]
+    assert [read_ahead.next_extent() for _ in range(2)] == source.extents[:2]
     assert wait_until(lambda: read_ahead.buffered_bytes > 0), "the thread prefetches"
     wait_idle(source)
-    assert read_ahead.buffered_bytes <= 2 * CHUNK, "a short read prefetches little"
+    assert read_ahead.buffered_bytes <= 2 * EXTENT, "a short read prefetches little"
     consumed = 2 + 20
-    assert [read_ahead.next_chunk() for _ in range(20)] == source.chunks[2:consumed]
+    assert [read_ahead.next_extent() for _ in range(20)] == source.extents[2:consumed]
     assert wait_until(lambda: read_ahead.buffered_bytes >= MAX_BYTES), "the window grew"
     wait_idle(source)
     assert read_ahead.buffered_bytes == MAX_BYTES
-    assert source.calls == consumed + MAX_BYTES // CHUNK, "nothing fetched past the bound"
-    assert max(queued_at_call) + CHUNK <= MAX_BYTES, "a fetch never starts without room"
+    assert source.calls == consumed + MAX_BYTES // EXTENT, "nothing fetched past the bound"
+    assert max(queued_at_call) + EXTENT <= MAX_BYTES, "a fetch never starts without room"
 
 
 def test_close_stops_the_thread_and_closes_the_source(
-    source: FakeChunks, read_ahead: ReadAhead
+    source: FakeExtents, read_ahead: ReadAhead
 ) -> None:
     producers: list[threading.Thread] = []
     source.on_call.append(lambda: producers.append(threading.current_thread()))
     for index in range(3):
-        assert read_ahead.next_chunk() == source.chunks[index]
+        assert read_ahead.next_extent() == source.extents[index]
     assert wait_until(lambda: read_ahead.buffered_bytes > 0)
     producer = producers[-1]
     assert producer is not threading.current_thread() and producer.is_alive()
@@ -115,13 +115,13 @@ def test_close_stops_the_thread_and_closes_the_source(
 
 
 def test_close_interrupts_a_retry_backoff() -> None:
-    # A real fetcher whose retrier sleeps 15-30 s after a reset at the fourth chunk.
-    source = FakeObject(random_bytes(20 * CHUNK), [Fault(3 * CHUNK, "reset", times=100)])
+    # A real fetcher whose retrier sleeps 15-30 s after a reset at the fourth extent.
+    source = FakeObject(random_bytes(20 * EXTENT), [Fault(3 * EXTENT, "reset", times=100)])
     retrier = Retrier("s3://bucket/k", "reading", 100, backoff_s=30.0, max_backoff_s=30.0)
-    fetcher = ChunkFetcher(source, 20 * CHUNK, CHUNK, retrier, CHUNK, CHUNK)
-    ahead = ReadAhead(fetcher, MAX_BYTES, CHUNK, retrier.stop)
-    assert ahead.next_chunk() == source.data[:CHUNK]
-    assert ahead.next_chunk() == source.data[CHUNK : 2 * CHUNK]
+    fetcher = ExtentFetcher(source, 20 * EXTENT, EXTENT, retrier, EXTENT, EXTENT)
+    ahead = ReadAhead(fetcher, MAX_BYTES, EXTENT, retrier.stop)
+    assert ahead.next_extent() == source.data[:EXTENT]
+    assert ahead.next_extent() == source.data[EXTENT : 2 * EXTENT]
     assert wait_until(lambda: retrier.total_failures >= 1), "the thread reached the fault"
     started = time.monotonic()
     ahead.close()
@@ -130,42 +130,42 @@ def test_close_interrupts_a_retry_backoff() -> None:
     assert source.open_bodies == 0
 
 
-def test_an_error_in_the_source_reaches_the_reader_after_the_chunks_before_it() -> None:
-    error = RuntimeError("boom at chunk 5")
-    source = FakeChunks(make_chunks(10), fail_at=5, error=error)
-    ahead = ReadAhead(source, MAX_BYTES, CHUNK, threading.Event())
-    assert [ahead.next_chunk() for _ in range(5)] == source.chunks[:5]
+def test_an_error_in_the_source_reaches_the_reader_after_the_extents_before_it() -> None:
+    error = RuntimeError("boom at extent 5")
+    source = FakeExtents(make_extents(10), fail_at=5, error=error)
+    ahead = ReadAhead(source, MAX_BYTES, EXTENT, threading.Event())
+    assert [ahead.next_extent() for _ in range(5)] == source.extents[:5]
     with pytest.raises(RuntimeError) as caught:
-        ahead.next_chunk()
+        ahead.next_extent()
     assert caught.value is error
     with pytest.raises(RuntimeError):
-        ahead.next_chunk()  # never mistaken for a clean end of the object later
+        ahead.next_extent()  # never mistaken for a clean end of the object later
     ahead.close()
     assert not ahead.alive
 
 
-def test_an_error_on_the_first_chunk_is_raised_directly() -> None:
+def test_an_error_on_the_first_extent_is_raised_directly() -> None:
     error = ConnectionResetError("reset")
-    ahead = ReadAhead(FakeChunks(make_chunks(3), 0, error), MAX_BYTES, CHUNK, threading.Event())
+    ahead = ReadAhead(FakeExtents(make_extents(3), 0, error), MAX_BYTES, EXTENT, threading.Event())
     with pytest.raises(ConnectionResetError) as caught:
-        ahead.next_chunk()
+        ahead.next_extent()
     assert caught.value is error and not ahead.alive
     ahead.close()
 
 
 def test_seek_drops_what_was_prefetched_and_starts_small_again(
-    source: FakeChunks, read_ahead: ReadAhead
+    source: FakeExtents, read_ahead: ReadAhead
 ) -> None:
     for index in range(10):
-        assert read_ahead.next_chunk() == source.chunks[index]
+        assert read_ahead.next_extent() == source.extents[index]
     assert wait_until(lambda: read_ahead.buffered_bytes > 0)
-    read_ahead.seek(40 * CHUNK)
-    assert source.seeks == [40 * CHUNK] and read_ahead.buffered_bytes == 0
-    assert not read_ahead.alive and read_ahead.window_bytes == CHUNK
-    assert read_ahead.next_chunk() == source.chunks[40] and not read_ahead.alive
+    read_ahead.seek(40 * EXTENT)
+    assert source.seeks == [40 * EXTENT] and read_ahead.buffered_bytes == 0
+    assert not read_ahead.alive and read_ahead.window_bytes == EXTENT
+    assert read_ahead.next_extent() == source.extents[40] and not read_ahead.alive
     rest = []
-    while (chunk := read_ahead.next_chunk()) is not None:
-        rest.append(chunk)
-    assert rest == source.chunks[41:]
+    while (extent := read_ahead.next_extent()) is not None:
+        rest.append(extent)
+    assert rest == source.extents[41:]
     read_ahead.seek(0)  # after the end, a seek back reads again
-    assert [read_ahead.next_chunk() for _ in range(3)] == source.chunks[:3]
+    assert [read_ahead.next_extent() for _ in range(3)] == source.extents[:3]

@@ -58,8 +58,9 @@ def test_credentials_never_show_and_stores_pickle_without_their_filesystem() -> 
     assert store.secrets == ["hunter22"]
     memory = Store("memory://pickle-test")
     memory.exists("x")  # resolves the filesystem
+    assert memory._resolved.peek() is not None
     copy = pickle.loads(pickle.dumps(memory))
-    assert copy == memory and copy._resolved is None
+    assert copy == memory and copy._resolved.peek() is None
 
 
 def test_for_urls_finds_the_common_folder() -> None:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from shardstream.streaming.planning.passes import PassRecord
-from shardstream.streaming.planning.sequence import PassSequence, base_ranges
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.history import PassRecord
+from shardstream.streaming.planning.order import PlanOptions
+from shardstream.streaming.planning.sequence import PassSequence
+from shardstream.streaming.planning.split import Shape
 from shardstream.streaming.planning.windows import (
     StreamId,
     StreamLanes,
     build_window,
-    pass_ranges,
+    part_base_ranges,
 )
 
 
@@ -68,11 +69,7 @@ def _units_to_base(sequence, shape, rank, first, end):  # type: ignore[no-untype
 def _part_to_base(sequence, shape, rank, start, stop):  # type: ignore[no-untyped-def]
     if start >= stop:
         return []
-    return [
-        base_range
-        for first, end in pass_ranges(shape, rank, start, stop)
-        for base_range in base_ranges(sequence, first, end)
-    ]
+    return part_base_ranges(sequence, shape, rank, start, stop)
 
 
 def eager_remainder(
@@ -86,7 +83,7 @@ def eager_remainder(
         stream = StreamId(epoch, pass_index, rank, 0)
         ranges.extend(_rank_left(sequence, shape, options, stream, consumed))
     dropped = record.layout.world_size * shape.per_rank
-    ranges.extend(base_ranges(sequence, dropped, sequence.length))
+    ranges.extend(sequence.base_ranges(dropped, sequence.length))
     joined: list[tuple[int, int]] = []
     for first, end in ranges:
         if first >= end:

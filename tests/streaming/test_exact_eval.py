@@ -20,12 +20,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import ConfigError, RandomAccessDataset, make_view
 from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.planning.chunks import epoch_sequence
-from shardstream.streaming.planning.passes import PassRecord, remainder
+from shardstream.streaming.planning.history import PassRecord, remainder
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
 from shardstream.streaming.planning.readorder import planned_batches
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import ShardSequence, shard_order
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset

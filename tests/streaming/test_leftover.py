@@ -17,9 +17,9 @@ import pytest
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from shardstream.streaming.planning import leftover
-from shardstream.streaming.planning.chunks import epoch_sequence
-from shardstream.streaming.planning.passes import PassRecord, pass_sequence, remainder
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
+from shardstream.streaming.planning.split import Layout, Shape
 from shardstream.streaming.planning.windows import StreamId, build_window
 from tests.streaming.eager_remainder import clipped, eager_remainder
 from tests.streaming.shards import keys_of, make_dataset

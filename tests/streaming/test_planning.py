@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.passes import PassRecord, pass_sequence, remainder
+from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.schedule import plan_ranks, steps_of_worker
 from shardstream.streaming.planning.sequence import (
     DerivedSequence,
     ShardSequence,
-    base_of,
     shard_order,
 )
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape, samples_per_rank
+from shardstream.streaming.planning.split import Layout, Shape, samples_per_rank
 from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
 
 
@@ -139,7 +139,7 @@ def test_what_a_pass_leaves_is_exactly_what_it_did_not_read() -> None:
             assert collections.Counter(read) + collections.Counter(
                 _positions(left)
             ) == collections.Counter(_slots(sequence, shape))
-            assert base_of(left) is base
+            assert left.base is base
             if left.length == 0:
                 break
             sequence = left

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming import StreamingDataset, StreamOptions
 from shardstream.streaming.worker import inline, shmpool
 from tests.conftest import encode_image
@@ -133,7 +134,7 @@ def test_zero_buffers_means_a_fresh_segment_per_batch(
 
 @pytest.fixture
 def fresh_pool(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shmpool, "_pools", {})
+    monkeypatch.setattr(shmpool, "_pools", ProcessLocal(dict))
 
 
 def _round_trip(tensor: torch.Tensor) -> torch.Tensor:

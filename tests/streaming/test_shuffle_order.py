@@ -16,15 +16,20 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.control.state import PassState
-from shardstream.streaming.mixmetrics import random_distinct, spearman
-from shardstream.streaming.planning.chunks import ChunkOrder, ChunkSequence, epoch_sequence
+from shardstream.streaming.control.resumestate import PassState
+from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
+from shardstream.streaming.planning.chunkorder import ChunkOrder, ChunkSequence
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence
-from shardstream.streaming.planning.order import DatasetFacts, choose_order
+from shardstream.streaming.planning.order import (
+    DatasetFacts,
+    PlanOptions,
+    choose_order,
+    epoch_sequence,
+)
 from shardstream.streaming.planning.readorder import planned_batches
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import ShardSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 from tests.streaming.shards import make_dataset
 
 CLASSES, PER_CLASS, BATCH = 200, 1000, 64

@@ -46,15 +46,15 @@ class AzureBackend(Backend):
 
 
 class _Body:
-    """A downloaded range, handed out in chunks."""
+    """A downloaded range, handed out in extents."""
 
     def __init__(self, data: bytes) -> None:
         self._view, self._offset = memoryview(data), 0
 
-    def read_chunk(self, num_bytes: int) -> memoryview:
-        chunk = self._view[self._offset : self._offset + num_bytes]
-        self._offset += len(chunk)
-        return chunk
+    def read_extent(self, num_bytes: int) -> memoryview:
+        extent = self._view[self._offset : self._offset + num_bytes]
+        self._offset += len(extent)
+        return extent
 
     def close(self) -> None:
         """Nothing is held."""

@@ -237,7 +237,7 @@ class _RangeBody:
     def __init__(self, fs: Any, path: str, offset: int, end: int) -> None:
         self._fs, self._path, self._offset, self._end = fs, path, offset, end
 
-    def read_chunk(self, num_bytes: int) -> bytes:
+    def read_extent(self, num_bytes: int) -> bytes:
         end = min(self._offset + num_bytes, self._end)
         data = bytes(self._fs.cat_file(self._path, start=self._offset, end=end))
         self._offset += len(data)
@@ -248,7 +248,7 @@ class _RangeBody:
 
 
 class FsspecSource:
-    """Ranged reads of one object of any fsspec filesystem: one ``cat_file`` per chunk."""
+    """Ranged reads of one object of any fsspec filesystem: one ``cat_file`` per extent."""
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs, self.path = fs, path

@@ -185,7 +185,7 @@ def _origin(response: http.client.HTTPResponse) -> tuple[str, str, int]:
 class _EmptyBody:
     """The body of a range that starts at or past the object's end."""
 
-    def read_chunk(self, num_bytes: int) -> bytes:
+    def read_extent(self, num_bytes: int) -> bytes:
         return b""
 
     def close(self) -> None:

@@ -154,7 +154,7 @@ class HttpBody:
         self._origin: _Origin = getattr(response, "_shardstream_origin", ("", "", 0))
         self._error: BaseException | None = None
 
-    def read_chunk(self, num_bytes: int) -> Any:
+    def read_extent(self, num_bytes: int) -> Any:
         """Up to ``num_bytes`` of the body (a view of a reused buffer for large reads)."""
         if self._error is not None:
             error, self._error = self._error, None

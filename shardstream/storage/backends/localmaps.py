@@ -2,11 +2,11 @@
 
 The default order reads pieces of a few samples from hundreds of places in the shards. A map
 made per piece costs its ``mmap`` and ``munmap`` and page faults on a fresh mapping every time
-(about 30 us for a 300 KB piece on the development machine, as much as the rest of what a raw
-sample costs the loader). :class:`FileMaps` maps each shard file whole and hands out slices: a
-piece then costs a dictionary lookup, and pages mapped for an earlier piece fault no more. What
-stays mapped is bounded in bytes of file (least recently used shards dropped first) and in count
-(the descriptor budget of :class:`_MapBudget`); a dropped map is unmapped when the last sample
+(as much as the rest of what a raw sample costs the loader, README: *Benchmarks*).
+:class:`FileMaps` maps each shard file whole and hands out slices: a piece then costs a
+dictionary lookup, and pages mapped for an earlier piece fault no more. What stays mapped is
+bounded in bytes of file (least recently used shards dropped first) and in count (the
+descriptor budget of :class:`_MapBudget`); a dropped map is unmapped when the last sample
 viewing it is released. Mapped pages are the page cache's own (shared, clean, dropped by the
 kernel under pressure), but they count in the process's resident size while mapped.
 
@@ -14,9 +14,7 @@ Maps are copy-on-write, so samples are writable views (``torch.frombuffer`` need
 a write changes only this process's copy of a page. A reader keeps its maps for one pass only
 (:class:`~shardstream.storage.backends.local.LocalRanges` clears them when it closes): within a
 pass every sample is read once, so a sample a training loop wrote into is never read again from
-the same map. As with any memory-mapped reader, a file truncated in place while mapped fails
-with SIGBUS on its missing pages; shards replaced by renaming (as the writer and ``rsync`` do)
-are safe.
+the same map. A file truncated in place while mapped: see README, *Streaming* (SIGBUS).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class _S3Body:
         self._fs, self._body, self._timeout_s = fs, body, timeout_s
         self._error: BaseException | None = None
 
-    def read_chunk(self, num_bytes: int) -> bytes:
+    def read_extent(self, num_bytes: int) -> bytes:
         if self._error is not None:
             raise self._error
         data, self._error = sync(self._fs.loop, _read_up_to, self._body, num_bytes, self._timeout_s)
@@ -229,7 +229,7 @@ def _total_size(response: Mapping[str, Any], offset: int) -> int:
 class _EmptyBody:
     """The body of a range that starts at or past the object's end."""
 
-    def read_chunk(self, num_bytes: int) -> bytes:
+    def read_extent(self, num_bytes: int) -> bytes:
         return b""
 
     def close(self) -> None:

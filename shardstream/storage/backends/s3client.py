@@ -1,11 +1,9 @@
 """Ranged S3 GETs on a plain (synchronous) botocore client, read into one buffer per request.
 
-s3fs talks to S3 through aiobotocore and aiohttp, from an event loop in another thread: every
-read hops between threads and the body arrives in 64 KiB pieces that are copied and joined.
-Measured against radosgw on 127.0.0.1 (4.7 MB ranged GETs, one at a time) that path reaches
-~250 MB/s at 1.1-1.5 CPU s/GB; botocore's own urllib3 client, reading each body straight into
-one preallocated buffer, ~340 MB/s at 0.7 CPU s/GB, and it is thread-safe, so several GETs can
-run at once from a small thread pool (:mod:`shardstream.storage.remote.prefetch`).
+s3fs talks to S3 through aiobotocore from an event loop in another thread, and copies and joins
+each body's 64 KiB parts; botocore's own client reads each body straight into one buffer, at
+about half the CPU per byte (README, *Benchmarks*), and is thread-safe, so several GETs run at
+once from a small thread pool (:mod:`shardstream.storage.remote.prefetch`).
 
 The client is built from the same settings as the s3fs filesystem (keys, token, endpoint,
 ``client_kwargs``, ``config_kwargs``, session ``kwargs`` such as ``profile``), once per process
@@ -17,10 +15,10 @@ using aiobotocore for them.
 from __future__ import annotations
 
 import http.client
-import os
 import threading
 from typing import Any
 
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
 from shardstream.storage.remote.retry import ShortReadError
 
@@ -29,7 +27,8 @@ __all__ = ["PresignedGets", "SyncS3Body", "sync_client"]
 #: Bytes received per ``readinto`` call: progress is counted (and kept on a failure) per slice.
 _SLICE_BYTES = 2**20
 
-_clients: dict[tuple[int, int, float, int], Any] = {}
+#: This process's clients (connection pools), by (filesystem, timeout, connections).
+_clients: ProcessLocal[dict[tuple[int, float, int], Any]] = ProcessLocal(dict)
 #: botocore sessions, kept across fork: a session caches the parsed service model (~1 MB of
 #: JSON), so a DataLoader worker forked after the parent made a client starts its own in ~15 ms
 #: instead of ~80 ms (much more on a busy machine). Clients (connection pools) stay per process.
@@ -89,15 +88,16 @@ def sync_client(fs: Any, timeout_s: float, max_connections: int) -> Any:
     """
     if not _can_mirror(fs):
         return None
-    key = (os.getpid(), id(fs), timeout_s, max_connections)
+    key = (id(fs), timeout_s, max_connections)
+    clients = _clients.get()
     with _lock:
-        client = _clients.get(key)
+        client = clients.get(key)
         if client is None:
             session = _session(dict(getattr(fs, "kwargs", {}) or {}))
             arguments = _client_arguments(fs, timeout_s, max_connections)
             client = session.create_client("s3", **arguments)
             client._shardstream_fs = fs  # keeps id(fs) from being reused while cached
-            _clients[key] = client
+            clients[key] = client
     return client
 
 
@@ -115,7 +115,7 @@ def _session(kwargs: dict[str, Any]) -> Any:
 class SyncS3Body:
     """The body of one ranged GET, read into buffers of the requested size without joins.
 
-    ``read_chunk(n)`` returns a ``bytearray`` of up to ``n`` bytes filled by ``readinto`` on the
+    ``read_extent(n)`` returns a ``bytearray`` of up to ``n`` bytes filled by ``readinto`` on the
     HTTP response (no intermediate copies). Bytes received before a failure are returned, and
     the failure is raised by the next call, so a retry resumes after them.
     """
@@ -128,7 +128,7 @@ class SyncS3Body:
         self._error: BaseException | None = None
         self._finished = False
 
-    def read_chunk(self, num_bytes: int) -> bytearray | memoryview:
+    def read_extent(self, num_bytes: int) -> bytearray | memoryview:
         """Up to ``num_bytes`` of the body; an empty buffer at its end.
 
         Reads of :data:`~shardstream.storage.remote.buffers.MIN_POOLED_BYTES` or more land in a

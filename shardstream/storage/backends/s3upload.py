@@ -1,13 +1,11 @@
 """S3 uploads on a plain botocore client, with parts in flight while the next one is written.
 
-s3fs uploads a multipart part inside ``write()`` whenever its buffer fills, through aiobotocore
-and an event loop in another thread: the process packing a shard waits for every part, and
-each byte costs ~3 CPU s/GB on the client (measured against radosgw on 127.0.0.1, 64 MiB
-objects in 16 MiB parts: 116-139 MB/s, against 214 MB/s for one plain boto3 ``put_object``).
-:class:`S3Upload` sends the same requests (``CreateMultipartUpload``, ``UploadPart``,
-``CompleteMultipartUpload``, or one ``PutObject`` when the object fits in a part) on the
-synchronous client of :mod:`shardstream.storage.backends.s3client`, from a small thread pool, so the
-caller keeps writing while up to ``max_in_flight`` parts upload.
+s3fs uploads a multipart part inside ``write()``, through aiobotocore, so the process packing a
+shard waits for every part, at several times the CPU per byte of a plain ``put_object``
+(README, *Benchmarks*). :class:`S3Upload` sends the same requests (``CreateMultipartUpload``,
+``UploadPart``, ``CompleteMultipartUpload``, or one ``PutObject`` when the object fits in a
+part) on the synchronous client of :mod:`shardstream.storage.backends.s3client`, from a small
+thread pool, so the caller keeps writing while up to ``max_in_flight`` parts upload.
 
 Guarantees are those of ``Store.open_atomic_write``: the object becomes
 visible only when the upload completes; :meth:`S3Upload.discard` aborts it; memory is bounded
@@ -208,11 +206,8 @@ class S3Upload:
 
         A stoppable request gives up at once after :meth:`discard` (its error is raised).
         """
-        options = self.options
-        retrier = Retrier(
-            self.shown, action, options.max_attempts, options.backoff_s, options.max_backoff_s,
-            self.secrets, self._stop if stoppable else None,
-        )  # fmt: skip
+        stop = self._stop if stoppable else None
+        retrier = Retrier.for_options(self.shown, action, self.options, self.secrets, stop)
         while True:
             try:
                 return call()

@@ -1,9 +1,9 @@
 """Several small objects read at once: one request latency for all of them, not one each.
 
 A worker that starts reading a window of pieces from a remote store first needs the byte-offset
-index of every shard in it. Read one after another, 30 shards cost 30 first-byte delays (about
-a second on a store that answers in 30 ms); :func:`read_ranges` sends the reads together, on a
-small per-process thread pool, so they cost about one.
+index of every shard in it. Read one after another, they cost one first-byte delay each;
+:func:`read_ranges` sends the reads together, on a small per-process thread pool, so they cost
+about one.
 """
 
 from __future__ import annotations

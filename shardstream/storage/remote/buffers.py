@@ -1,22 +1,8 @@
-"""Receive buffers reused within a process, handed out as views and taken back when unseen.
-
-Every ranged GET is read into one buffer of its length
-(:mod:`shardstream.storage.backends.s3client`).
-Allocating a fresh multi-MiB buffer per GET costs more than the bytes' copy: ``bytearray(n)``
-zeroes ``n`` bytes, and memory just returned to the OS faults back in page by page (measured in
-DataLoader workers streaming from radosgw: 1.3-6.7 ms of CPU per 4.7 MB buffer, a fifth to a
-third of the worker's CPU). :class:`ReceiveBuffers` keeps a few buffers per process instead.
-
-A buffer is handed out as a ``memoryview`` of the bytes received. It is taken back only by
-:func:`recycle`, and only when reference counts prove that nothing but the caller can reach the
-view or the buffer (no slice, no other view, no reference kept anywhere): a chunk that is still
-seen elsewhere is simply left to the garbage collector, so reuse can never change bytes that
-somebody holds.
-"""
+"""Receive buffers reused within a process: a large GET is read into one, handed to its reader
+as a view, and taken back once the reader is done and no other view of it is alive."""
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -27,21 +13,6 @@ __all__ = ["RECEIVE_BUFFERS", "ReceiveBuffers", "recycle"]
 #: Buffers are kept for reads of at least this many bytes (small ones are cheap to allocate).
 MIN_POOLED_BYTES = 2**20
 _ROUND_BYTES = 2**20
-
-
-def _lone_argument_refs(value: object) -> int:
-    return sys.getrefcount(value)
-
-
-def _lone_local_refs() -> int:
-    value = bytearray(1)
-    return sys.getrefcount(value)
-
-
-#: References to an object that only a call's argument holds (calibrated on this interpreter).
-_ARGUMENT_REFS = _lone_argument_refs(memoryview(bytearray(1)))
-#: References to an object that only one local variable holds.
-_LOCAL_REFS = _lone_local_refs()
 
 
 class ReceiveBuffers:
@@ -91,19 +62,35 @@ class ReceiveBuffers:
 RECEIVE_BUFFERS: ProcessLocal[ReceiveBuffers] = ProcessLocal(lambda: ReceiveBuffers(48 * 2**20))
 
 
-def recycle(chunk: Any) -> None:
-    """Give ``chunk`` 's buffer back to this process's pool if nothing else can see it.
+def recycle(extent: Any) -> None:
+    """Give ``extent``'s receive buffer back to this process's pool: its reader is done with it.
 
-    Call it with the chunk as a temporary (``recycle(self._take_chunk())``) once the caller
-    holds no other reference and no view of it. Anything else (``bytes``, a view someone else
-    refers to, a buffer with other views alive) is left alone.
+    The caller owns ``extent``: it took it from an extent source, handed no view of it on, and
+    reads it no more. The view is released here (a holder that kept it anyway gets an error on
+    its next use, never other bytes), and the buffer is kept for reuse only when no other view
+    of it is alive (a slice, a numpy array: see :func:`_exported`). ``bytes``, small buffers
+    and anything else are left to the garbage collector.
     """
-    if type(chunk) is not memoryview or sys.getrefcount(chunk) > _ARGUMENT_REFS:
+    if type(extent) is not memoryview:
         return
-    buffer = chunk.obj
+    buffer = extent.obj
     if type(buffer) is not bytearray or len(buffer) < MIN_POOLED_BYTES:
         return
-    chunk.release()  # drops this view's export: the buffer is free once no other view remains
-    del chunk
-    if sys.getrefcount(buffer) <= _LOCAL_REFS:
+    try:
+        extent.release()
+    except BufferError:  # the view itself lends its buffer to something still alive
+        return
+    if not _exported(buffer):
         RECEIVE_BUFFERS.get().give(buffer)
+
+
+def _exported(buffer: bytearray) -> bool:
+    """Whether a view of ``buffer`` is alive. A bytearray refuses to change its size while any
+    view exports it (the buffer protocol's rule, not a count of references), so a one-byte
+    shrink tells; it moves no bytes, and the length is put back."""
+    try:
+        del buffer[-1:]
+    except BufferError:
+        return True
+    buffer.append(0)
+    return False

@@ -146,13 +146,13 @@ class CacheWriter:
         self._file: IO[bytes] | None = open(self.temporary, "wb")  # noqa: SIM115
         self.written = 0
 
-    def write(self, chunk: bytes | bytearray | memoryview) -> None:
-        """Append a chunk; on a disk error, give up caching (the read itself goes on)."""
+    def write(self, extent: bytes | bytearray | memoryview) -> None:
+        """Append an extent; on a disk error, give up caching (the read itself goes on)."""
         if self._file is None:
             return
         try:
-            self._file.write(chunk)
-            self.written += len(chunk)
+            self._file.write(extent)
+            self.written += len(extent)
         except OSError as exc:
             logger.warning("writing the shard cache failed (%s); not caching %s", exc, self.path)
             self.abort()

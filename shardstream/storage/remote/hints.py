@@ -2,7 +2,7 @@
 
 A streaming worker knows which pieces of which shards it will open next (its window's plan),
 but opens each only when its first sample is due, and every open on an object store waits for
-a first byte (~3-20 ms on radosgw, more on a WAN). :class:`PrefetchQueue` takes those
+a first byte. :class:`PrefetchQueue` takes those
 announcements (:meth:`PrefetchQueue.hint`), opens the ranges ahead of use as background
 streams (their spans fetched by the shared :class:`~shardstream.storage.remote.prefetch.FetchPool`),
 and hands a stream over when the same range is opened (:meth:`PrefetchQueue.take`).

@@ -1,8 +1,7 @@
 """How many GETs to keep in flight: set from the store's measured first-byte latency.
 
 A GET of ``n`` bytes holds its connection for ``first_byte_s + transfer_s``: the store's delay
-before the first byte (under 5 ms on a server in the same rack, 10-50 ms on a cloud object
-store, more across regions), then the bytes at the connection's speed. ``fewest`` requests in
+before the first byte, then the bytes at the connection's speed. ``fewest`` requests in
 flight are enough where the first-byte delay is small next to the transfer (that is what
 ``ReadOptions.min_requests`` is tuned for); to deliver the same bytes per second when every
 request first waits, Little's law asks for ``fewest * (first_byte_s + transfer_s) /

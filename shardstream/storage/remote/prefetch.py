@@ -1,14 +1,13 @@
 """Several ranged GETs in flight per process: a shared fetch pool and a span prefetcher.
 
-An object store answers each request after a fixed delay (radosgw on 127.0.0.1: ~3 ms for a
-64 KiB GET, ~19 ms for 4 MiB, that is ~220 MB/s on one connection, while 4 GETs at once reach
-~600 MB/s). A DataLoader worker that waits for one GET at a time therefore leaves most of the
-server idle, and its decoding waits on the network. Here:
+An object store answers each request after a fixed delay, and one connection carries a fraction
+of what several at once do (README, *Benchmarks*): a DataLoader worker that waits for one GET at
+a time leaves most of the server idle, and its decoding waits on the network. Here:
 
 - :class:`FetchPool` is one set of daemon threads per process, shared by every open stream, that
   runs span fetches in the order submitted: ``ReadOptions.min_requests`` of them where the store
   answers fast, more (up to ``max_requests``) as its measured first-byte latency grows.
-- :class:`SpanPrefetcher` is the :class:`~.ranged.ChunkSource` of a bounded byte range: it
+- :class:`SpanPrefetcher` is the :class:`~.ranged.ExtentSource` of a bounded byte range: it
   cuts the range into spans and keeps the next ones submitted to the pool, so the rest of a
   piece arrives while the caller decodes its first samples and opens other pieces. A caller
   that needs a span nobody has started yet fetches it itself (no waiting behind other
@@ -30,7 +29,7 @@ from typing import Any
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.remote.latency import LatencyGauge, TimedSource
-from shardstream.storage.remote.ranged import Chunk, ChunkFetcher
+from shardstream.storage.remote.ranged import Extent, ExtentFetcher
 from shardstream.storage.remote.retry import Retrier
 
 __all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "pool_for", "shared_pool", "span_fetch"]
@@ -38,7 +37,7 @@ __all__ = ["FetchPool", "SpanJob", "SpanPrefetcher", "pool_for", "shared_pool", 
 #: A pool thread with no work for this long exits (a later submit starts a new one).
 _IDLE_EXIT_S = 10.0
 
-FetchFn = Callable[[int, int], "Chunk"]
+FetchFn = Callable[[int, int], "Extent"]
 
 
 class SpanJob:
@@ -50,7 +49,7 @@ class SpanJob:
         self._state = "pending"  # -> running -> done, or pending -> cancelled
         self._lock = threading.Lock()
         self._done = threading.Event()
-        self._result: Chunk = b""
+        self._result: Extent = b""
         self._error: BaseException | None = None
 
     def _claim(self) -> bool:
@@ -73,7 +72,7 @@ class SpanJob:
                 self._state = "done"
             self._done.set()
 
-    def result(self) -> Chunk:
+    def result(self) -> Extent:
         """The span's bytes; fetched here if no thread has started it; errors re-raised."""
         self.run()
         self._done.wait()
@@ -193,7 +192,7 @@ def shared_pool(max_threads: int, min_threads: int | None = None) -> FetchPool:
 
 
 class SpanPrefetcher:
-    """Chunks of bytes ``[start, end)`` fetched ahead, span by span, through a :class:`FetchPool`.
+    """Extents of bytes ``[start, end)`` fetched ahead, span by span, through a :class:`FetchPool`.
 
     Args:
         fetch: ``fetch(a, b)`` returns bytes ``[a, b)`` (retrying and resuming on its own).
@@ -246,7 +245,7 @@ class SpanPrefetcher:
             queued += stop - self._next
             self._next = stop
 
-    def next_chunk(self) -> Chunk | None:
+    def next_extent(self) -> Extent | None:
         """The next span's bytes (waiting for, or fetching, it), or ``None`` at the end."""
         if self._closed or not self._jobs:
             return None
@@ -287,18 +286,15 @@ def span_fetch(source: Any, retrier: Retrier, gauge: LatencyGauge) -> Any:
     """``fetch(a, b)``: bytes ``[a, b)`` of ``source``, retried and resumed like any read; a
     span fetched by one GET tells ``gauge`` its first-byte and transfer times."""
 
-    def fetch(first: int, stop: int) -> Chunk:
-        own = Retrier(
-            retrier.url, retrier.action, retrier.max_attempts, retrier.backoff_s,
-            retrier.max_backoff_s, retrier.secrets, retrier.stop,
-        )  # fmt: skip
+    def fetch(first: int, stop: int) -> Extent:
+        own = retrier.fresh()
         span = stop - first
         timed = TimedSource(source)
         started = time.monotonic()
-        fetcher = ChunkFetcher(timed, stop, span, own, span, span, first, stop)
+        fetcher = ExtentFetcher(timed, stop, span, own, span, span, first, stop)
         parts = []
-        while (chunk := fetcher.next_chunk()) is not None:
-            parts.append(chunk)
+        while (extent := fetcher.next_extent()) is not None:
+            parts.append(extent)
         if timed.num_opens == 1:  # retried spans say nothing about the store's latency
             gauge.record(timed.first_byte_s, time.monotonic() - started - timed.first_byte_s)
         return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -2,11 +2,11 @@
 
 Three small pieces, composed by :func:`shardstream.storage.remote.open_remote`:
 
-- :class:`ChunkFetcher` pulls the object in order from a ``RangeSource`` (one long ranged GET on
+- :class:`ExtentFetcher` pulls the object in order from a ``RangeSource`` (one long ranged GET on
   S3), retrying failures and resuming at the exact byte offset already fetched, so a break in
   the middle of a shard neither loses nor repeats a byte.
 - :class:`~.readahead.ReadAhead` runs a fetcher in a daemon thread that keeps at most
-  ``max_bytes`` of chunks queued, so network transfer overlaps the caller's decoding.
+  ``max_bytes`` of extents queued, so network transfer overlaps the caller's decoding.
 - :class:`RemoteStream` is the read-only file object handed to callers (``tarfile`` in stream
   mode, ``read_bytes``...); it counts the bytes it delivered.
 """
@@ -23,9 +23,9 @@ from shardstream.storage.remote.buffers import recycle
 from shardstream.storage.remote.retry import Retrier, ShortReadError
 
 __all__ = [
-    "Chunk",
-    "ChunkFetcher",
-    "ChunkSource",
+    "Extent",
+    "ExtentFetcher",
+    "ExtentSource",
     "RangeBody",
     "RangeSource",
     "RemoteStream",
@@ -39,13 +39,13 @@ logger = logging.getLogger("shardstream.storage")
 _SKIP_BY_READING_BYTES = 2**20
 #: What sources hand out: ``bytes``, a ``bytearray`` filled in place (no extra copy), or a view
 #: of a reused receive buffer (:mod:`shardstream.storage.remote.buffers`).
-Chunk = bytes | bytearray | memoryview
+Extent = bytes | bytearray | memoryview
 
 
 class RangeBody(Protocol):
-    """An open response body: ``read_chunk(n)`` returns up to ``n`` bytes, ``b""`` at its end."""
+    """An open response body: ``read_extent(n)`` returns up to ``n`` bytes, ``b""`` at its end."""
 
-    def read_chunk(self, num_bytes: int) -> Chunk: ...
+    def read_extent(self, num_bytes: int) -> Extent: ...
     def close(self) -> None: ...
 
 
@@ -59,15 +59,15 @@ class RangeSource(Protocol):
     def open_body(self, offset: int, end: int) -> RangeBody: ...
 
 
-class ChunkSource(Protocol):
-    """Anything that yields an object's bytes in order: ``next_chunk()`` is ``None`` at EOF."""
+class ExtentSource(Protocol):
+    """Anything that yields an object's bytes in order: ``next_extent()`` is ``None`` at EOF."""
 
-    def next_chunk(self) -> Chunk | None: ...
+    def next_extent(self) -> Extent | None: ...
     def seek(self, offset: int) -> None: ...
     def close(self) -> None: ...
 
 
-class ChunkFetcher:
+class ExtentFetcher:
     """Fetches an object in order, retrying and resuming at the offset reached.
 
     Bytes come from ranged requests whose length starts at ``first_span_bytes`` and doubles up
@@ -78,7 +78,7 @@ class ChunkFetcher:
         source: Opens bodies for byte ranges.
         size: Bytes to read up to (object size, or the end of the wanted range); ``None`` when
             unknown until the first response tells the source's ``total_size``.
-        chunk_bytes: Bytes returned per ``next_chunk()`` (the last one may be shorter).
+        extent_bytes: Bytes returned per ``next_extent()`` (the last one may be shorter).
         retrier: Counts failures, sleeps between tries, raises when the budget is spent.
         first_span_bytes: Length of the first ranged request after an open or a seek.
         max_span_bytes: Longest ranged request.
@@ -93,14 +93,15 @@ class ChunkFetcher:
         self,
         source: RangeSource,
         size: int | None,
-        chunk_bytes: int,
+        extent_bytes: int,
         retrier: Retrier,
         first_span_bytes: int = 2**20,
         max_span_bytes: int = 64 * 2**20,
         start: int = 0,
         limit: int | None = None,
     ) -> None:
-        self.source, self.size, self.chunk_bytes, self.retrier = source, size, chunk_bytes, retrier
+        self.source, self.size, self.retrier = source, size, retrier
+        self.extent_bytes = extent_bytes
         self.first_span_bytes, self.max_span_bytes = first_span_bytes, max_span_bytes
         self.limit = limit
         self.offset = start
@@ -129,8 +130,8 @@ class ChunkFetcher:
         self.next_span_bytes = min(self.max_span_bytes, doubled)
         return body
 
-    def next_chunk(self) -> Chunk | None:
-        """The next chunk of the object, or ``None`` at its end (or once stopped)."""
+    def next_extent(self) -> Extent | None:
+        """The next extent of the object, or ``None`` at its end (or once stopped)."""
         while self.size is None or self.offset < self.size:
             if self.retrier.stop.is_set():
                 return None
@@ -139,8 +140,8 @@ class ChunkFetcher:
                 if self.offset >= self._body_end:  # the object ends before the wanted range
                     self._close_body()
                     return None
-                chunk = body.read_chunk(min(self.chunk_bytes, self._body_end - self.offset))
-                if not chunk:
+                extent = body.read_extent(min(self.extent_bytes, self._body_end - self.offset))
+                if not extent:
                     raise ShortReadError(
                         f"response body ended at byte {self.offset}, expected bytes up to "
                         f"{self._body_end}"
@@ -150,10 +151,10 @@ class ChunkFetcher:
                 self.retrier.failed(exc, self.offset, self.size)
                 continue
             self.retrier.succeeded()
-            self.offset += len(chunk)
+            self.offset += len(extent)
             if self.offset >= self._body_end:
                 self._close_body()
-            return chunk
+            return extent
         self._close_body()
         return None
 
@@ -172,7 +173,7 @@ class ChunkFetcher:
 
 
 class RemoteStream(io.RawIOBase):
-    """Read-only, non-seekable file object over a :class:`ChunkSource`.
+    """Read-only, non-seekable file object over a :class:`ExtentSource`.
 
     ``read(n)`` returns exactly ``n`` bytes unless the object ends first, like a buffered
     file, so ``tarfile.open(fileobj=..., mode="r|*")`` and ``read()`` both work.
@@ -183,11 +184,11 @@ class RemoteStream(io.RawIOBase):
     """
 
     def __init__(
-        self, chunks: ChunkSource, url: str, size: int, start: int = 0, head: Chunk = b""
+        self, extents: ExtentSource, url: str, size: int, start: int = 0, head: Extent = b""
     ) -> None:
         super().__init__()
-        self._chunks, self.url, self.size = chunks, url, size
-        self._chunk: Chunk | None = head  # the chunk being read (handed back once read)
+        self._extents, self.url, self.size = extents, url, size
+        self._extent: Extent | None = head  # the extent being read (handed back once read)
         self._current = memoryview(head)  # its bytes not read yet (first: the opening GET's)
         self._offset = start
         self._eof = False
@@ -219,15 +220,15 @@ class RemoteStream(io.RawIOBase):
                     break
                 distance -= skipped
             return self._offset
-        self._chunks.seek(target)
-        self._drop_chunk()
+        self._extents.seek(target)
+        self._drop_extent()
         self._offset, self._eof = target, False
         return target
 
     @property
-    def chunk_source(self) -> ChunkSource:
-        """Where the chunks come from: a ``ReadAhead`` when reading ahead (for tests, stats)."""
-        return self._chunks
+    def extent_source(self) -> ExtentSource:
+        """Where the extents come from: a ``ReadAhead`` when reading ahead (for tests, stats)."""
+        return self._extents
 
     def _fill(self) -> bool:
         if self._eof:
@@ -237,22 +238,24 @@ class RemoteStream(io.RawIOBase):
                 f"{self.url}: a stream opened in process {self._pid} was read in process "
                 f"{os.getpid()}. Open shards inside each DataLoader worker, not before forking."
             )
-        self._drop_chunk()
-        chunk = self._chunks.next_chunk()
-        if chunk is None:
+        self._drop_extent()
+        extent = self._extents.next_extent()
+        if extent is None:
             self._eof = True
             return False
-        self._chunk, self._current = chunk, memoryview(chunk)
+        self._extent, self._current = extent, memoryview(extent)
         return True
 
-    def _drop_chunk(self) -> None:
-        """Forget the current chunk; its receive buffer is reused if nobody else sees it."""
+    def _drop_extent(self) -> None:
+        """Forget the current extent and give its receive buffer back: this stream is its one
+        reader, and hands out copies of its bytes (``read``, ``readinto``), never a view."""
+        self._current.release()
         self._current = memoryview(b"")
-        recycle(self._take_chunk())
+        recycle(self._take_extent())
 
-    def _take_chunk(self) -> Chunk | None:
-        chunk, self._chunk = self._chunk, None
-        return chunk
+    def _take_extent(self) -> Extent | None:
+        extent, self._extent = self._extent, None
+        return extent
 
     def readinto(self, buffer: Any) -> int:
         if self.closed:
@@ -277,7 +280,7 @@ class RemoteStream(io.RawIOBase):
         parts: list[bytes] = []
         wanted = size
         while wanted > 0 and (self._current or self._fill()):
-            parts.append(self._current[:wanted].tobytes())  # no view left behind: see _fill
+            parts.append(self._current[:wanted].tobytes())  # a copy: see _drop_extent
             self._current = self._current[len(parts[-1]) :]
             wanted -= len(parts[-1])
         data = b"".join(parts)
@@ -294,6 +297,6 @@ class RemoteStream(io.RawIOBase):
 
     def close(self) -> None:
         if not self.closed:
-            self._chunks.close()
-            self._drop_chunk()
+            self._extents.close()
+            self._drop_extent()
         super().close()

@@ -1,4 +1,4 @@
-"""Read-ahead for remote streams: a daemon thread that fetches chunks ahead of the reader.
+"""Read-ahead for remote streams: a daemon thread that fetches extents ahead of the reader.
 
 Network transfer then overlaps the caller's decoding, with memory bounded by ``max_bytes``.
 """
@@ -8,31 +8,31 @@ from __future__ import annotations
 import collections
 import threading
 
-from shardstream.storage.remote.ranged import Chunk, ChunkSource
+from shardstream.storage.remote.ranged import Extent, ExtentSource
 
 __all__ = ["ReadAhead"]
 
 
 class ReadAhead:
-    """Runs a :class:`ChunkSource` in a daemon thread, keeping at most ``max_bytes`` queued.
+    """Runs a :class:`ExtentSource` in a daemon thread, keeping at most ``max_bytes`` queued.
 
-    The first chunk after an open or a seek is fetched in the caller's thread (it is waited
+    The first extent after an open or a seek is fetched in the caller's thread (it is waited
     for anyway, and a caller that peeks and then seeks should not trigger a prefetch); the
-    thread starts on the second ``next_chunk()``. Its window starts at one chunk (so only
-    the next chunk is fetched ahead) and grows by what the caller consumes, up to
+    thread starts on the second ``next_extent()``. Its window starts at one extent (so only
+    the next extent is fetched ahead) and grows by what the caller consumes, up to
     ``max_bytes``: a stream opened for a short piece of a shard fetches little it will not use,
     and a whole-shard stream soon prefetches the full amount. A seek starts the window afresh.
-    Errors raised by the source are re-raised to the caller of :meth:`next_chunk`.
+    Errors raised by the source are re-raised to the caller of :meth:`next_extent`.
     """
 
     def __init__(
-        self, source: ChunkSource, max_bytes: int, chunk_bytes: int, stop: threading.Event
+        self, source: ExtentSource, max_bytes: int, extent_bytes: int, stop: threading.Event
     ) -> None:
-        self._source, self._max_bytes, self._chunk_bytes = source, max_bytes, chunk_bytes
+        self._source, self._max_bytes, self._extent_bytes = source, max_bytes, extent_bytes
         self._stop = stop
-        self._chunks: collections.deque[Chunk] = collections.deque()
+        self._extents: collections.deque[Extent] = collections.deque()
         self.buffered_bytes = 0
-        self.window_bytes = min(max_bytes, chunk_bytes)
+        self.window_bytes = min(max_bytes, extent_bytes)
         self._done = False
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -41,7 +41,7 @@ class ReadAhead:
 
     def _has_room(self) -> bool:
         return self.buffered_bytes == 0 or (
-            self.buffered_bytes + self._chunk_bytes <= self.window_bytes
+            self.buffered_bytes + self._extent_bytes <= self.window_bytes
         )
 
     def _run(self) -> None:
@@ -52,12 +52,12 @@ class ReadAhead:
                         self._cond.wait()
                     if self._stop.is_set():
                         return
-                chunk = self._source.next_chunk()
+                extent = self._source.next_extent()
                 with self._cond:
-                    if chunk is None or self._stop.is_set():
+                    if extent is None or self._stop.is_set():
                         return
-                    self._chunks.append(chunk)
-                    self.buffered_bytes += len(chunk)
+                    self._extents.append(extent)
+                    self.buffered_bytes += len(extent)
                     self._cond.notify_all()
         except BaseException as exc:  # handed to the reading thread, which raises it
             with self._cond:
@@ -67,25 +67,25 @@ class ReadAhead:
                 self._done = True
                 self._cond.notify_all()
 
-    def next_chunk(self) -> Chunk | None:
-        """The next chunk (blocking until fetched), or ``None`` at the end of the object."""
+    def next_extent(self) -> Extent | None:
+        """The next extent (blocking until fetched), or ``None`` at the end of the object."""
         if not self._fetched_first and self._thread is None and not self._stop.is_set():
             self._fetched_first = True
-            return self._source.next_chunk()
+            return self._source.next_extent()
         with self._cond:
             if self._thread is None and not self._stop.is_set():
                 self._thread = threading.Thread(
                     target=self._run, name="shardstream-read-ahead", daemon=True
                 )
                 self._thread.start()
-            while not self._chunks and not self._done:
+            while not self._extents and not self._done:
                 self._cond.wait()
-            if self._chunks:
-                chunk = self._chunks.popleft()
-                self.buffered_bytes -= len(chunk)
-                self.window_bytes = min(self._max_bytes, self.window_bytes + len(chunk))
+            if self._extents:
+                extent = self._extents.popleft()
+                self.buffered_bytes -= len(extent)
+                self.window_bytes = min(self._max_bytes, self.window_bytes + len(extent))
                 self._cond.notify_all()
-                return chunk
+                return extent
             if self._error is not None:
                 raise self._error
             return None
@@ -97,21 +97,21 @@ class ReadAhead:
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(join_timeout_s)
-        with self._cond:  # after the join: the thread may have queued one last chunk
-            self._chunks.clear()
+        with self._cond:  # after the join: the thread may have queued one last extent
+            self._extents.clear()
             self.buffered_bytes = 0
 
     def seek(self, offset: int) -> None:
         """Drop what was prefetched and continue from ``offset`` with the initial window."""
         self._halt(join_timeout_s=60.0)
-        self.window_bytes = min(self._max_bytes, self._chunk_bytes)
+        self.window_bytes = min(self._max_bytes, self._extent_bytes)
         self._fetched_first = False
         self._stop.clear()
         self._done, self._error = False, None
         self._source.seek(offset)
 
     def close(self, join_timeout_s: float = 5.0) -> None:
-        """Stop the thread, drop queued chunks and the open response."""
+        """Stop the thread, drop queued extents and the open response."""
         self._halt(join_timeout_s)
         self._source.close()
 

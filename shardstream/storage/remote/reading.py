@@ -3,7 +3,7 @@
 :func:`open_remote` is what every remote backend's ``open_read`` uses. With a cache it asks for
 the object's size and version, downloads a missing object into the cache and opens the local
 file. Otherwise it streams the wanted byte range through a
-:class:`~shardstream.storage.remote.ranged.ChunkFetcher` (retries, resume at the byte offset
+:class:`~shardstream.storage.remote.ranged.ExtentFetcher` (retries, resume at the byte offset
 reached) and prefetches, never past the end of the range. Where the backend's answers tell the
 object's size and version (``Backend.sizes_from_gets``: S3's ``Content-Range`` and ``ETag``)
 no stat is made, and later requests are conditional on that version so a rewritten object is
@@ -33,15 +33,15 @@ from shardstream.storage.options import ReadOptions
 from shardstream.storage.remote import hints
 from shardstream.storage.remote.cache import ShardCache
 from shardstream.storage.remote.prefetch import SpanPrefetcher, pool_for, span_fetch
-from shardstream.storage.remote.ranged import Chunk, ChunkFetcher, ChunkSource, RemoteStream
+from shardstream.storage.remote.ranged import Extent, ExtentFetcher, ExtentSource, RemoteStream
 from shardstream.storage.remote.readahead import ReadAhead
 from shardstream.storage.remote.retry import Retrier
 
 __all__ = ["open_remote", "prefetch_remote"]
 
-_MIN_CHUNK_BYTES = 256 * 2**10
-_MAX_CHUNK_BYTES = 8 * 2**20
-#: First ranged GET after a seek; later ones double up to the chunk size.
+_MIN_EXTENT_BYTES = 256 * 2**10
+_MAX_EXTENT_BYTES = 8 * 2**20
+#: First ranged GET after a seek; later ones double up to the extent size.
 _FIRST_SPAN_BYTES = 2**20
 #: First ranged GET after an open: readers often peek at byte 0 and then seek to a piece.
 _OPEN_SPAN_BYTES = 64 * 2**10
@@ -56,11 +56,11 @@ _RANGE_WHOLE_BYTES = 4 * 2**20
 _ANNOUNCED_FIRST_SPAN_BYTES = 512 * 2**10
 
 
-def _chunk_bytes(read_ahead_bytes: int) -> int:
-    """Longest ranged GET, each read whole as one chunk (see :func:`open_remote`)."""
+def _extent_bytes(read_ahead_bytes: int) -> int:
+    """Longest ranged GET, each read whole as one extent (see :func:`open_remote`)."""
     if read_ahead_bytes <= 0:
-        return _MAX_CHUNK_BYTES
-    return max(_MIN_CHUNK_BYTES, min(_MAX_CHUNK_BYTES, read_ahead_bytes // 4))
+        return _MAX_EXTENT_BYTES
+    return max(_MIN_EXTENT_BYTES, min(_MAX_EXTENT_BYTES, read_ahead_bytes // 4))
 
 
 def _stat(source: Any, retrier: Retrier) -> tuple[int, str | None]:
@@ -74,7 +74,7 @@ def _stat(source: Any, retrier: Retrier) -> tuple[int, str | None]:
         return size, etag
 
 
-def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] | None:
+def _download(cache: ShardCache, path: str, fetcher: ExtentFetcher) -> IO[bytes] | None:
     """Fetch the whole object into the cache (once per process and folder); open the entry."""
     size = fetcher.size
     if size is None:  # the cache is keyed on the size; unknown here, so read directly
@@ -87,8 +87,8 @@ def _download(cache: ShardCache, path: str, fetcher: ChunkFetcher) -> IO[bytes] 
         if writer is None:
             return None
         try:
-            while (chunk := fetcher.next_chunk()) is not None:
-                writer.write(chunk)
+            while (extent := fetcher.next_extent()) is not None:
+                writer.write(extent)
         except BaseException:
             writer.abort()
             raise
@@ -134,10 +134,7 @@ def open_remote(
         return ahead  # announced by prefetch_remote: already under way
     source = backend.range_source(fs, path, options)
     stop = threading.Event()
-    retrier = Retrier(
-        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
-        secrets, stop,
-    )  # fmt: skip
+    retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     size: int | None = end
     if options.cache_dir or not backend.sizes_from_gets:
         size, etag = _stat(source, retrier)
@@ -192,24 +189,22 @@ def _open_ahead(
     raises on the first read. The object may be shorter than ``end``: reads then end early.
     """
     stop = threading.Event()
-    retrier = Retrier(
-        shown, "reading", options.max_attempts, options.backoff_s, options.max_backoff_s,
-        secrets, stop,
-    )  # fmt: skip
+    retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     source = backend.range_source(fs, path, options)
     pool = pool_for(options)
-    chunks = SpanPrefetcher(
+    extents = SpanPrefetcher(
         span_fetch(source, retrier, pool.gauge), start, end,
-        _chunk_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
+        _extent_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
         first_span_bytes=_ANNOUNCED_FIRST_SPAN_BYTES,
     )  # fmt: skip
-    return cast(IO[bytes], RemoteStream(chunks, shown, end, start))
+    return cast(IO[bytes], RemoteStream(extents, shown, end, start))
 
 
 def _open_cached(
     cache: ShardCache, source: Any, size: int, etag: str | None, shown: str, retrier: Retrier
 ) -> IO[bytes] | None:
-    whole = ChunkFetcher(source, size, _MAX_CHUNK_BYTES, retrier, first_span_bytes=_MAX_CHUNK_BYTES)
+    most = _MAX_EXTENT_BYTES
+    whole = ExtentFetcher(source, size, most, retrier, first_span_bytes=most)
     return _download(cache, cache.path_for(shown, size, etag), whole)
 
 
@@ -224,32 +219,32 @@ def _stream_range(
     options: ReadOptions,
 ) -> IO[bytes]:
     """Stream ``[start, end)``; ``size`` is None (S3) until the first GET says it."""
-    # A ranged GET is never longer than a chunk, so every response is read to its end at once:
+    # A ranged GET is never longer than an extent, so every response is read to its end at once:
     # no connection sits idle in a half-read body (many pieces open at once would exhaust the
     # pool and stall), and finished responses go back to the pool for reuse (keep-alive).
-    chunk_bytes = _chunk_bytes(options.read_ahead_bytes)
-    first_span_bytes = min(_FIRST_SPAN_BYTES, chunk_bytes)
-    fetcher = ChunkFetcher(
-        source, size, chunk_bytes, retrier, first_span_bytes, chunk_bytes, start, end
+    extent_bytes = _extent_bytes(options.read_ahead_bytes)
+    first_span_bytes = min(_FIRST_SPAN_BYTES, extent_bytes)
+    fetcher = ExtentFetcher(
+        source, size, extent_bytes, retrier, first_span_bytes, extent_bytes, start, end
     )
     spans = backend.pooled_reads and end is not None and options.read_ahead_bytes > 0
-    # A known range is asked for whole (up to a chunk), or, when the pool fetches the rest of a
+    # A known range is asked for whole (up to an extent), or, when the pool fetches the rest of a
     # long one, its first MiB; an open-ended read starts small, since readers often peek and
     # then seek.
     opening = _OPEN_SPAN_BYTES if end is None else max(1, end - start)
     split = spans and opening > _RANGE_WHOLE_BYTES
-    fetcher.next_span_bytes = min(opening, chunk_bytes, _RANGE_OPEN_BYTES if split else opening)
-    head: Chunk = b""
+    fetcher.next_span_bytes = min(opening, extent_bytes, _RANGE_OPEN_BYTES if split else opening)
+    head: Extent = b""
     if backend.sizes_from_gets:
-        head = fetcher.next_chunk() or b""  # learns the size (and version) without a stat
+        head = fetcher.next_extent() or b""  # learns the size (and version) without a stat
     total = fetcher.size if fetcher.size is not None else start
-    chunks: ChunkSource = fetcher
+    extents: ExtentSource = fetcher
     if spans and total > fetcher.offset:
         pool = pool_for(options)
-        chunks = SpanPrefetcher(
-            span_fetch(source, retrier, pool.gauge), fetcher.offset, total, chunk_bytes,
+        extents = SpanPrefetcher(
+            span_fetch(source, retrier, pool.gauge), fetcher.offset, total, extent_bytes,
             options.read_ahead_bytes, pool, retrier.stop,
         )  # fmt: skip
-    elif options.read_ahead_bytes > 0 and total - fetcher.offset > chunk_bytes:
-        chunks = ReadAhead(chunks, options.read_ahead_bytes, chunk_bytes, retrier.stop)
-    return cast(IO[bytes], RemoteStream(chunks, shown, total, start, head))
+    elif options.read_ahead_bytes > 0 and total - fetcher.offset > extent_bytes:
+        extents = ReadAhead(extents, options.read_ahead_bytes, extent_bytes, retrier.stop)
+    return cast(IO[bytes], RemoteStream(extents, shown, total, start, head))

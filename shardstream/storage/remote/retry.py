@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 from shardstream.errors import StorageError
+from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.redact import redact_text
 
@@ -199,6 +200,29 @@ class Retrier:
         self.stop = stop or threading.Event()
         self.failures = 0
         self.total_failures = 0
+
+    @classmethod
+    def for_options(
+        cls,
+        url: str,
+        action: str,
+        options: ReadOptions,
+        secrets: Sequence[str] = (),
+        stop: threading.Event | None = None,
+    ) -> Retrier:
+        """A retrier with the tries and delays of ``options``."""
+        return cls(
+            url, action, options.max_attempts, options.backoff_s, options.max_backoff_s,
+            secrets, stop,
+        )  # fmt: skip
+
+    def fresh(self) -> Retrier:
+        """A retrier like this one with no failures counted (for one request among several
+        of the same read, stopped together)."""
+        return Retrier(
+            self.url, self.action, self.max_attempts, self.backoff_s, self.max_backoff_s,
+            self.secrets, self.stop,
+        )  # fmt: skip
 
     def succeeded(self) -> None:
         """Record progress: the next failure starts a fresh series of tries."""

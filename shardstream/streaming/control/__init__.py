@@ -4,10 +4,10 @@ The dataset and the loader only wire; everything about a pass and its resume liv
 
 - :mod:`.context`: the one reader of ``torch.distributed`` and ``get_worker_info()``;
 - :mod:`.channel`: what the training process tells its DataLoader workers (shared memory);
-- :mod:`.state`: the resume-state codec (the one place a state dict is built and checked);
-- :mod:`.cache` and :mod:`.versions`: a dataset's versions and their epoch plans;
+- :mod:`.resumestate`: the resume-state codec (the one place a state dict is built and checked);
+- :mod:`.plancache` and :mod:`.versionset`: a dataset's versions and their epoch plans;
 - :mod:`.inputs`: what pass control needs of a dataset (it never imports the dataset);
-- :mod:`.passes`: the pass a process reads next (fresh, a loader's directive, or restored);
+- :mod:`.workerpass`: the pass a process reads next (fresh, a loader's directive, or restored);
 - :mod:`.controller`: one dataset's pass control in one process (the ``Stateful`` protocol);
 - :mod:`.position`: a loader's place in the epoch (its state dict);
 - :mod:`.run`: what one process runs for a pass (the worker job).

@@ -21,8 +21,8 @@ from typing import Any, cast
 
 from shardstream.catalog.shardlist import Source, newest_version
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.state import VersionNumber
-from shardstream.streaming.control.versions import DatasetVersion, VersionSet, streams_of
+from shardstream.streaming.control.resumestate import VersionNumber
+from shardstream.streaming.control.versionset import DatasetVersion, VersionSet, streams_of
 from shardstream.streaming.settings import Settings
 
 __all__ = ["Gather", "refresh", "settle"]

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.control.state import VersionNumber
+from shardstream.streaming.control.resumestate import (
+    PassState,
+    VersionNumber,
+    decode_pass,
+    encode_pass,
+)
 
 __all__ = ["MAX_WORKERS", "EpochChannel"]
 
@@ -101,9 +105,9 @@ class EpochChannel:
         self._ints[_PIN_COUNT] += 1
         self._ints[_FIRST_SLOT::_SLOT_INTS] = 0
 
-    def post(self, directive: dict[str, Any]) -> None:
-        """Make every worker's next pass follow ``directive`` (it must hold ``"epoch"``)."""
-        data = json.dumps(directive, sort_keys=True).encode("utf-8")
+    def post(self, directive: PassState) -> None:
+        """Make every worker's next pass read ``directive`` (the rest of an epoch, or one)."""
+        data = json.dumps(encode_pass(directive), sort_keys=True).encode("utf-8")
         if len(data) > _DIRECTIVE_BYTES:
             raise ConfigError(f"resume state too large for workers ({len(data)} bytes)")
         import torch
@@ -112,16 +116,17 @@ class EpochChannel:
         self._ints[_LENGTH] = len(data)
         self._ints[_GENERATION] += 1
 
-    def take(self, worker: int, num_workers: int) -> tuple[int, dict[str, Any] | None]:
+    def take(self, worker: int, num_workers: int) -> tuple[int, PassState | None]:
         """Start a pass in this worker: ``(epoch, directive or None)``."""
         slot = _slot(worker, num_workers)
         generation = int(self._ints[_GENERATION])
         if generation > int(self._ints[slot + 1]):
             self._ints[slot + 1] = generation
             length = int(self._ints[_LENGTH])
-            directive = json.loads(self._text[:length].numpy().tobytes().decode("utf-8"))
-            self.restored(worker, num_workers, int(directive["epoch"]))
-            return int(directive["epoch"]), directive
+            text = self._text[:length].numpy().tobytes().decode("utf-8")
+            directive = decode_pass(json.loads(text))
+            self.restored(worker, num_workers, directive.epoch)
+            return directive.epoch, directive
         epoch = self.pinned + int(self._ints[slot])
         self._ints[slot] += 1
         return epoch, None

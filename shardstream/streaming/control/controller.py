@@ -8,6 +8,7 @@ same pinned epoch and directives). It reads rank and world size in the training 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any
@@ -16,14 +17,15 @@ from shardstream.errors import ConfigError
 from shardstream.streaming.control import agreement
 from shardstream.streaming.control.context import Context, current_context, gather_from_ranks
 from shardstream.streaming.control.inputs import PassInputs
-from shardstream.streaming.control.passes import WorkerPass, start_pass
-from shardstream.streaming.control.run import WorkerJob
-from shardstream.streaming.control.state import (
+from shardstream.streaming.control.resumestate import (
     PassState,
     VersionNumber,
     WorkerPosition,
+    decode_state,
     encode_state,
 )
+from shardstream.streaming.control.run import WorkerJob
+from shardstream.streaming.control.workerpass import WorkerPass, start_pass
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.planning.split import Layout, samples_per_rank
 from shardstream.streaming.worker.stageclock import StatsBoard
@@ -44,7 +46,8 @@ class PassControl:
         self.inputs = inputs
         self._settled = False  # whether the ranks agreed on the version (torch.distributed)
         self._ranks = self._read_ranks()
-        self._pending: dict[str, Any] | None = None  # a Stateful restore, for the next pass
+        #: A Stateful restore, for the next pass.
+        self._pending: tuple[PassState, WorkerPosition] | None = None
         self._running: WorkerPass | None = None  # the pass under way in this process
 
     # -- epochs and ranks ---------------------------------------------------------------------
@@ -118,7 +121,7 @@ class PassControl:
     def epoch_steps(self) -> int:
         """Steps (batches, or samples) per rank in a fresh epoch at the current layout."""
         layout = self.inputs.settings.plan_layout(self.layout())
-        return self.inputs.opened.passes.shape(self.inputs.epoch_samples(), layout).steps
+        return self.inputs.opened.plans.shape(self.inputs.epoch_samples(), layout).steps
 
     # -- passes and the Stateful protocol -----------------------------------------------------
 
@@ -156,32 +159,38 @@ class PassControl:
         """Make this process's next pass continue from :meth:`state_dict`.
 
         Raises:
-            ConfigError: As :meth:`.inputs.PassInputs.check_state`, for the same world size
-                and worker count.
+            ConfigError: Not a dataset's per-worker state, or as
+                :meth:`.inputs.PassInputs.check_state`, for the same world size and worker
+                count.
         """
         context = self.context()
+        saved = decode_state(state)
+        if saved.worker is None:
+            raise ConfigError(
+                "this is a StreamingDataLoader's state (it has no worker's place): restore it "
+                "with the loader's load_state_dict, not the dataset's"
+            )
         number = self.inputs.check_state(
-            state, self.layout(context.num_workers), elastic=False, allow_new_batch_size=False
+            saved, self.layout(context.num_workers), elastic=False, allow_new_batch_size=False
         )
-        self._pending = {**state, "dataset_version": number}
+        restored = dataclasses.replace(saved.state, dataset_version=number)
+        self._pending = (restored, saved.worker)
         # Should this pass be thrown away (a loader that finished its epoch starts afresh),
         # the next fresh pass of this worker still moves on to the following epoch.
-        self.inputs.channel.restored(context.worker, context.num_workers, int(state["epoch"]))
+        self.inputs.channel.restored(context.worker, context.num_workers, restored.epoch)
         if context.worker == 0:  # one line per rank
-            self._log_restore(self._pending, context)
+            self._log_restore(restored, saved.worker, context)
 
-    def _log_restore(self, state: dict[str, Any], context: Context) -> None:
+    def _log_restore(self, state: PassState, worker: WorkerPosition, context: Context) -> None:
         """Where a Stateful restore goes on: the epoch, and the batch the first worker serves
         next (each worker knows only its own turns; without workers, that is the rank's)."""
-        step = int(state["start"]) + int(state["role"])
-        step += int(state["served"]) * context.num_workers
+        step = worker.start + worker.role + worker.served * context.num_workers
         left = ""
         if self.inputs.counted:
-            restored = PassState.from_dict(state)
-            total = self.inputs.plan(restored, self.layout(context.num_workers)).steps
+            total = self.inputs.plan(state, self.layout(context.num_workers)).steps
             left = f" of {total} ({max(0, total - step)} batches left)"
         who = "the loader" if not context.in_worker else "its worker 0"
         logger.info(
             "rank %d of %d: dataset state restored in epoch %d; %s goes on at batch %d%s",
-            context.rank, context.world_size, int(state["epoch"]), who, step, left,
+            context.rank, context.world_size, state.epoch, who, step, left,
         )  # fmt: skip

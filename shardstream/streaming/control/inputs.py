@@ -9,20 +9,18 @@ the loader's position are all computed from it and a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from shardstream.streaming.control.channel import EpochChannel
 from shardstream.streaming.control.context import Context
-from shardstream.streaming.control.state import (
+from shardstream.streaming.control.resumestate import (
     PassState,
+    SavedState,
     VersionNumber,
     check_fingerprint,
     check_layout,
-    check_version,
-    layout_from_dict,
 )
-from shardstream.streaming.control.versions import DatasetVersion, VersionSet
+from shardstream.streaming.control.versionset import DatasetVersion, VersionSet
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout
 from shardstream.streaming.settings import Settings
@@ -71,8 +69,8 @@ class PassInputs:
     def plan(self, state: PassState, physical: Layout) -> PassPlan:
         """The pass ``state`` describes (its plan layout, or a fresh one for ``physical``)."""
         layout = state.plan or self.settings.plan_layout(physical)
-        passes = self.versions.get(state.dataset_version).passes
-        return passes.plan(state.epoch, state.history, layout)
+        plans = self.versions.get(state.dataset_version).plans
+        return plans.plan(state.epoch, state.history, layout)
 
     def epoch_samples(self) -> int:
         """Samples in a fresh epoch over all ranks.
@@ -87,7 +85,7 @@ class PassInputs:
                 "with shardstream) for len(), equal per-rank counts and exact epochs"
             )
         opened = self.opened
-        return opened.mixture.epoch_size if opened.mixture else opened.passes.epoch_length()
+        return opened.mixture.epoch_size if opened.mixture else opened.plans.epoch_length()
 
     def fingerprint(self, version: VersionNumber = None) -> dict[str, Any]:
         """The settings and dataset facts that fix which samples an epoch holds, in order.
@@ -105,24 +103,17 @@ class PassInputs:
         }
 
     def check_state(
-        self,
-        state: Mapping[str, Any],
-        current: Layout,
-        *,
-        elastic: bool,
-        allow_new_batch_size: bool,
+        self, saved: SavedState, current: Layout, *, elastic: bool, allow_new_batch_size: bool
     ) -> VersionNumber:
         """Refuse a saved state this dataset cannot continue; the version its pass reads.
 
         Raises:
-            ConfigError: Another format version, or an order-fixing setting or the layout
-                changed in a way the caller cannot follow (names the field).
+            ConfigError: An order-fixing setting or the layout changed in a way the caller
+                cannot follow (names the field).
         """
-        check_version(state)
-        number = self.versions.number_for(state)
-        check_fingerprint(state["fingerprint"], self.fingerprint(number))
+        number = self.versions.number_for(saved)
+        check_fingerprint(saved.fingerprint, self.fingerprint(number))
         check_layout(
-            layout_from_dict(state), current, elastic=elastic,
-            allow_new_batch_size=allow_new_batch_size,
-        )  # fmt: skip
+            saved.layout, current, elastic=elastic, allow_new_batch_size=allow_new_batch_size
+        )
         return number

@@ -5,7 +5,7 @@ posts each pass to its workers through the dataset's channel. The state is the s
 rank, so a checkpoint written by rank 0 alone restores every rank. A restore at a world size
 that divides the pass's plan (with the same global batch) continues the pass; any other layout
 starts a new pass with what the epoch has left (see
-:mod:`shardstream.streaming.planning.passes`).
+:mod:`shardstream.streaming.planning.history`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ from typing import Any
 
 from shardstream.errors import ConfigError, ResumeError
 from shardstream.streaming.control.controller import PassControl
-from shardstream.streaming.control.state import PassState, encode_state, layout_from_dict
-from shardstream.streaming.planning.passes import PassRecord
+from shardstream.streaming.control.resumestate import (
+    PassState,
+    SavedState,
+    decode_state,
+    encode_state,
+)
+from shardstream.streaming.planning.history import PassRecord
 from shardstream.streaming.planning.split import Layout
 
 __all__ = ["LoaderPosition", "Position", "check_resumed"]
@@ -143,7 +148,7 @@ class LoaderPosition:
         self._pass_steps(num_workers)  # the plan made here, before workers fork: they share it
         self._finished = False
         self.pass_start = self.position(num_workers)
-        channel.post(self._state.as_dict())
+        channel.post(self._state)
 
     def advance(self) -> None:
         """One more step of the pass was consumed."""
@@ -194,39 +199,39 @@ class LoaderPosition:
                 counts is resumed at another layout.
         """
         current = self._control.layout(num_workers)
+        saved = decode_state(state)
         number = self._inputs.check_state(
-            state, current, elastic=True, allow_new_batch_size=allow_new_batch_size
+            saved, current, elastic=True, allow_new_batch_size=allow_new_batch_size
         )
-        restored = dataclasses.replace(PassState.from_dict(state), dataset_version=number)
-        saved = layout_from_dict(state)
+        restored = dataclasses.replace(saved.state, dataset_version=number)
         if not self._inputs.counted:
-            if saved != current or restored.history:
+            if saved.layout != current or restored.history:
                 raise ConfigError(
                     "cannot continue this epoch with another world size, worker count or batch "
                     "size: the source has no manifest, so the samples already read cannot be "
                     "known (run `shardstream index` on the shards to allow it)"
                 )
         elif restored.plan is None or not _continues(restored.plan, current):
-            record = PassRecord(restored.plan or saved, restored.consumed)
+            record = PassRecord(restored.plan or saved.layout, restored.consumed)
             restored = dataclasses.replace(
                 restored, history=(*restored.history, record), plan=None, consumed=0
             )
         self._state = self._planned(restored, num_workers)
         self._finished = False
         self._pins_seen = self._inputs.channel.pin_count
-        self._before_epoch = self._batches_before(state, restored, num_workers)
+        self._before_epoch = self._batches_before(saved, restored, num_workers)
         self.pass_start = None
         self._log_restore(num_workers)
 
-    def _batches_before(self, saved: dict[str, Any], state: PassState, num_workers: int) -> int:
+    def _batches_before(self, saved: SavedState, state: PassState, num_workers: int) -> int:
         """Batches of earlier epochs: as saved, or (states saved before that was recorded)
         the epoch's number times the batches of a fresh epoch at the state's plan layout."""
-        if "global_batches" in saved:
-            return int(saved["global_batches"]) - _epoch_batches(state)
+        if saved.global_batches is not None:
+            return saved.global_batches - _epoch_batches(state)
         if not self._inputs.counted:
             return 0
         layout = state.plan or self._control.layout(num_workers)
-        fresh = self._inputs.opened.passes.shape(self._inputs.epoch_samples(), layout).steps
+        fresh = self._inputs.opened.plans.shape(self._inputs.epoch_samples(), layout).steps
         return state.epoch * fresh
 
     def _log_restore(self, num_workers: int) -> None:

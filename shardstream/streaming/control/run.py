@@ -18,7 +18,7 @@ from typing import Any
 from shardstream.catalog.shardlist import ShardList
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import Context
-from shardstream.streaming.control.passes import WorkerPass
+from shardstream.streaming.control.workerpass import WorkerPass
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.planning.schedule import plan_ranks
 from shardstream.streaming.planning.wholeshardplan import plan_whole_shards

@@ -8,8 +8,8 @@ deterministic), and then, by what measured fastest for that crop:
 
 - with ``shardstream[fastjpeg]`` (nvImageCodec) installed, unless the crop is at least 4x the
   output on both sides: decodes only the crop window (:mod:`.jpegcrop`), skipping the rows
-  below the crop and the colour work outside it; 1.3-1.8x faster than a full decode, and the
-  same pixels;
+  below the crop and the colour work outside it (faster than a full decode, README:
+  *Streaming*), and the same pixels;
 - crop at least 2x (4x, 8x) the output on both sides: decodes at 1/2 (1/4, 1/8) DCT scale
   (Pillow ``draft``) -- only resolution that the resize would throw away is skipped (for 1/2,
   only without the window decoder: there a full-resolution window is as fast or faster);

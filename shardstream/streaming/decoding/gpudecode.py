@@ -11,13 +11,14 @@ DataLoader workers, so it runs here, after the hand-off, on a stream of its own 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import os
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.decoding import gpubackends
 from shardstream.streaming.decoding.encoded import EncodedBatch, EncodedImage
 from shardstream.streaming.decoding.gpubatch import decode_encoded
@@ -130,28 +131,31 @@ class GpuDecode:
         """This process's counts: ``batches``, ``images`` decoded, ``pillow`` (decoded on the
         CPU after the device decoder rejected them), ``skipped``, ``host_s`` (host time spent
         enqueuing), and the ``backend`` used."""
-        run = self.__dict__.get("_device_run")
+        run = self._runs().peek()
         counts = dict(_ZERO_COUNTS) if run is None else dict(run.counts)
         counts["backend"] = None if run is None else run.backend.name
         return counts
 
     def close(self) -> None:
         """Wait for enqueued device work and release the decoder's memory (idempotent)."""
-        run = self.__dict__.get("_device_run")
+        run = self._runs().peek()
         if run is not None:
             run.retired.release_all()
 
     def _run(self) -> _DeviceRun:
+        return self._runs().get()
+
+    def _runs(self) -> ProcessLocal[_DeviceRun]:
         # Streams and decoders are per process and not picklable: kept beside the frozen,
-        # picklable configuration, made again after a fork or an unpickling.
-        run = self.__dict__.get("_device_run")
-        if run is None or run.pid != os.getpid():
-            run = _DeviceRun(self)
-            object.__setattr__(self, "_device_run", run)
-        return run
+        # picklable configuration, made on first use in each process.
+        runs = self.__dict__.get("_device_runs")
+        if runs is None:
+            runs = ProcessLocal(functools.partial(_DeviceRun, self))
+            object.__setattr__(self, "_device_runs", runs)
+        return runs
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_device_run"}
+        return {k: v for k, v in self.__dict__.items() if k != "_device_runs"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -202,7 +206,7 @@ class _DeviceRun:
     def __init__(self, owner: GpuDecode) -> None:
         import torch
 
-        self.owner, self.pid = owner, os.getpid()
+        self.owner = owner
         device = torch.device(owner.device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from shardstream.storage.processlocal import ProcessLocal
+
 __all__ = ["decode_window", "is_available", "quiet_import"]
 
 #: libjpeg-turbo turns fancy (smooth) chroma upsampling off when a subsampled component is at
@@ -35,7 +37,8 @@ __all__ = ["decode_window", "is_available", "quiet_import"]
 #: full image. 16 columns keep every subsampled component (up to 4x) wider than that.
 _MIN_WIDTH = 16
 
-_local = threading.local()  # per thread: (pid, decoder state); a forked child makes its own
+#: Each thread's decoder, per process (a forked child makes its own).
+_threads: ProcessLocal[threading.local] = ProcessLocal(threading.local)
 _import_lock = threading.Lock()
 
 
@@ -92,11 +95,10 @@ def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> 
 
 
 def _decoder() -> _WindowDecoder | None:
-    state = getattr(_local, "state", None)
-    if state is None or state[0] != os.getpid():
-        state = (os.getpid(), _create_decoder())
-        _local.state = state
-    return state[1]
+    local = _threads.get()
+    if not hasattr(local, "decoder"):
+        local.decoder = _create_decoder()
+    return local.decoder
 
 
 def _create_decoder() -> _WindowDecoder | None:

@@ -31,18 +31,14 @@ import dataclasses
 
 import numpy as np
 
-from shardstream.streaming.planning.sequence import (
-    DerivedSequence,
-    PassSequence,
-    base_of,
-    base_ranges,
-)
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.order import PlanOptions
+from shardstream.streaming.planning.sequence import DerivedSequence, PassSequence
+from shardstream.streaming.planning.split import Shape
 from shardstream.streaming.planning.windows import (
     StreamId,
     StreamLanes,
     build_window,
-    pass_ranges,
+    part_base_ranges,
 )
 
 __all__ = ["LeftSequence", "RankTemplate", "rank_template"]
@@ -168,7 +164,7 @@ class LeftSequence(DerivedSequence):
         stream: StreamId,
         consumed: np.ndarray,
     ) -> None:
-        self.base = base_of(sequence)
+        self.base = sequence.base
         self._sequence, self._shape, self._options, self._stream = (
             sequence, shape, options, stream,
         )  # fmt: skip
@@ -197,7 +193,7 @@ class LeftSequence(DerivedSequence):
         while start < stop:
             if start >= self._ranked:  # drop's tail: the pass's sequence as it was
                 first = self._kept + start - self._ranked
-                pieces += base_ranges(self._sequence, first, first + stop - start)
+                pieces += self._sequence.base_ranges(first, first + stop - start)
                 break
             if start < self._tail_starts[0]:
                 rank, within = divmod(start, per_rank)
@@ -238,8 +234,8 @@ class LeftSequence(DerivedSequence):
                 continue
             if phase < 0:
                 first = template.firsts[slot] + start - entry
-                for begin, finish in pass_ranges(self._shape, rank, first, first + end - start):
-                    pieces += base_ranges(self._sequence, begin, finish)
+                stop_at = first + end - start
+                pieces += part_base_ranges(self._sequence, self._shape, rank, first, stop_at)
             else:
                 pieces += _slice(*self._window_left(rank, phase), start - entry, end - entry)
             start, slot = end, slot + 1

@@ -1,7 +1,7 @@
 """Mixtures as one epoch sequence: exact quotas per stream, interleaved runs, closed form.
 
 Each stream gets a per-epoch quota of samples (:func:`stream_quotas`). A stream's samples are
-laid out in an endless cycle of passes, each pass its shards (or chunks, see :mod:`.chunks`) in
+laid out in an endless cycle of passes, each pass its shards (or chunks, see :mod:`.chunkorder`) in
 a seeded order; epoch ``e``
 takes the quota-long window that starts at ``e * quota``. So every stream visits all its
 samples before repeating any, across epochs, and a stream smaller than its quota repeats whole
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.chunks import ChunkOrder, epoch_sequence
+from shardstream.streaming.planning.chunkorder import ChunkOrder
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
 from shardstream.streaming.planning.sequence import BaseSequence, Run, last_at_most
-from shardstream.streaming.planning.split import PlanOptions
 
 __all__ = ["MixedStream", "MixtureSequence", "stream_quotas"]
 
@@ -124,7 +124,7 @@ class _Node:
         return (number * total + self.offset) // self.num_right
 
 
-class MixtureSequence:
+class MixtureSequence(BaseSequence):
     """A mixture's epoch: every stream's window in runs, merged in exact proportion.
 
     Args:

@@ -1,79 +1,46 @@
-"""How an epoch's order is chosen from the dataset when the user leaves it to shardstream.
-
-Three numbers fix how mixed an epoch is and what reading it costs (see :mod:`.windows` and
-:mod:`.chunks`):
-
-- ``chunk_size``: the epoch is read in chunks of this many consecutive samples, each from a
-  random place of the dataset (0: whole shards in a shuffled order). Smaller chunks mix more
-  evenly: a window of ``w`` samples holds ``w / chunk_size`` random places, and how unevenly the
-  classes are represented in it (for as many steps as it lasts) grows with the square root of
-  ``chunk_size``;
-- ``num_open``: the lanes a worker stream reads from at once; a batch holds samples from about
-  as many places as ``min(batch, num_open)``, so it must be well above the batch size for
-  batches as mixed as a random permutation's;
-- ``piece_size``: samples a stream reads from each lane per window (one read or one memory map
-  each), so a window holds about ``num_open * piece_size`` samples.
-
-The choice depends on what a read costs:
-
-- **local shards with an index** are memory-mapped or read with ``readinto``: a short run
-  costs about 10 us, so chunks are 4 samples, pieces 8 (two chunks) and lanes 512: a window of
-  about 4,096 samples from about 1,000 places. On 200 classes written one per shard, one epoch
-  of SGD trains within 0.01 of a random permutation's accuracy (``benchmarks/shuffle.py``);
-  chunks of 8 were within 0.015, at about 10% less CPU per sample;
-- **remote shards with an index** cost a request per run (10-50 ms to the first byte on a
-  real object store), so a piece is at least ``REMOTE_PIECE_BYTES`` of samples, more when shards
-  are short: a piece that reaches a shard's end is two reads, so pieces grow until reads average
-  ``REMOTE_READ_BYTES`` (see :func:`remote_piece_bytes`), and a multiple of the batch size (so
-  the units dealt to worker streams, whole batches, are one piece each). Chunks are two pieces:
-  a worker stream's next piece in a lane is then from another place (its units alternate with
-  other streams'), while a rank part that starts inside a chunk cuts at most every other piece
-  in two. The lanes are as many as ``REMOTE_WINDOW_BYTES`` of pieces hold (32 to 512). With
-  chunks and units of four pieces, as before, a lane read on in the same place for four windows,
-  so a stretch of the epoch held a quarter of the places: on 200 classes written one per shard,
-  one epoch of SGD trained to 0.20 accuracy where a random order reaches 0.32
-  (``benchmarks/shuffle.py``'s remote row);
-- **shards without an index** cannot be entered in the middle cheaply: whole shards in a
-  shuffled order, 64 lanes of 64 samples (the order of earlier releases).
-
-Values the user sets are kept as they are.
-"""
+"""The epoch order's options and defaults, in one place: what fixes an epoch's order
+(:class:`PlanOptions`), the numbers chosen from the dataset when the user leaves them
+(:func:`choose_order`), and the sequence a fresh epoch reads (:func:`epoch_sequence`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+import numpy as np
+
 from shardstream.catalog.facts import DatasetFacts
+from shardstream.errors import ConfigError
+from shardstream.streaming.planning.chunkorder import ChunkSequence
+from shardstream.streaming.planning.sequence import BaseSequence, ShardSequence, shard_order
 
 __all__ = [
-    "LOCAL_CHUNK_SIZE",
-    "LOCAL_NUM_OPEN",
-    "LOCAL_PIECE_SIZE",
+    "LOCAL_ORDER",
+    "POLICIES",
     "REMOTE_PIECE_BYTES",
     "REMOTE_READ_BYTES",
     "REMOTE_WINDOW_BYTES",
+    "WHOLE_SHARD_ORDER",
     "DatasetFacts",
     "OrderChoice",
+    "PlanOptions",
     "choose_open_shards",
     "choose_order",
+    "epoch_sequence",
     "remote_piece_bytes",
 ]
 
-LOCAL_CHUNK_SIZE = 4
-LOCAL_NUM_OPEN = 512
-LOCAL_PIECE_SIZE = 8
+POLICIES = ("pad", "drop", "mask")
 #: A piece from an object store (a request costs 10-50 ms before its first byte; 1 MiB at a few
 #: hundred MB/s costs about as much again, so reads should average at least that).
 REMOTE_PIECE_BYTES = 2 << 20
-#: What reads from an object store should average, shard ends included (see above).
+#: What reads from an object store should average, shard ends included (see
+#: :func:`remote_piece_bytes`).
 REMOTE_READ_BYTES = 5 << 18  # 1.25 MiB
 #: The longest piece chosen for short shards.
 _REMOTE_MAX_PIECE_BYTES = 8 << 20
 #: About what one worker stream's window holds in memory when reading remote shards.
 REMOTE_WINDOW_BYTES = 256 << 20
-_LOCAL_BLOCK_SIZE = 64
-_UNINDEXED = (0, 64, 64, 64)  # (chunk_size, num_open, piece_size, block_size): whole shards
 #: Shards read at once by a worker without a manifest: each is an open stream (a file, or a
 #: remote stream with its read-ahead), so remote ones are fewer.
 _OPEN_SHARDS_LOCAL = 256
@@ -82,12 +49,56 @@ _OPEN_SHARDS_REMOTE = 64
 
 @dataclasses.dataclass(frozen=True)
 class OrderChoice:
-    """The resolved ``chunk_size``, ``num_open``, ``piece_size`` and ``block_size``."""
+    """The order's numbers: ``chunk_size``, ``num_open``, ``piece_size`` and ``block_size``
+    (see :class:`PlanOptions`)."""
 
     chunk_size: int
     num_open: int
     piece_size: int
-    block_size: int = _LOCAL_BLOCK_SIZE
+    block_size: int = 64
+
+
+#: Shards without an index, which can only be entered at their start: whole shards in a
+#: seeded order, 64 lanes of 64 samples (the order of releases before 0.3). Also the defaults
+#: of :class:`PlanOptions`.
+WHOLE_SHARD_ORDER = OrderChoice(chunk_size=0, num_open=64, piece_size=64, block_size=64)
+#: Local shards with an index: a short run costs about 10 us (a memory map's slice), so short
+#: chunks and pieces from many lanes (a window of about 4,096 samples from 1,000 places).
+LOCAL_ORDER = OrderChoice(chunk_size=4, num_open=512, piece_size=8, block_size=64)
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """How an epoch is laid out and ordered; identical on every rank and worker.
+
+    Attributes:
+        seed: Base seed of every random choice.
+        shuffle: Permute the shard order and interleave pieces per epoch.
+        policy: ``"pad"``, ``"drop"`` or ``"mask"`` (see :mod:`.split`).
+        block_size: Samples per unit dealt to worker streams, rounded up to the batch size.
+        piece_size: Longest run of consecutive samples read from one place of a shard.
+        num_open: Pieces interleaved at once: a worker stream is read in windows of about
+            ``num_open * piece_size`` samples whose pieces are interleaved at random.
+        chunk_size: Samples per chunk of the epoch's order (see :mod:`.chunkorder`); 0 reads
+            whole shards in a seeded order.
+    """
+
+    seed: int = 0
+    shuffle: bool = True
+    policy: str = "pad"
+    block_size: int = WHOLE_SHARD_ORDER.block_size
+    piece_size: int = WHOLE_SHARD_ORDER.piece_size
+    num_open: int = WHOLE_SHARD_ORDER.num_open
+    chunk_size: int = WHOLE_SHARD_ORDER.chunk_size
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.chunk_size < 0:
+            raise ConfigError(f"chunk_size must be >= 0, got {self.chunk_size}")
+        for name in ("block_size", "piece_size", "num_open"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def choose_order(
@@ -100,8 +111,14 @@ def choose_order(
 ) -> OrderChoice:
     """The order's numbers: those given, the rest chosen from ``facts``.
 
-    A remote piece is a multiple of ``batch_size``: the units dealt to worker streams are
-    whole batches, and a unit longer than its piece would cut pieces at chunk ends (two reads).
+    Smaller chunks mix more evenly, and a batch holds samples from about ``min(batch,
+    num_open)`` places; what a read costs sets the floor (README, *Shuffle quality*, has the
+    measurements): :data:`WHOLE_SHARD_ORDER` without an index, :data:`LOCAL_ORDER` for local
+    indexed shards, and for remote ones pieces of at least ``REMOTE_PIECE_BYTES`` (more in
+    short shards, see :func:`remote_piece_bytes`), a multiple of ``batch_size`` (the units
+    dealt to worker streams are whole batches, and a unit longer than its piece would cut
+    pieces at chunk ends: two reads), chunks of two pieces, and as many lanes as
+    ``REMOTE_WINDOW_BYTES`` of pieces hold (32 to 512). Values given are kept as they are.
 
     Example:
         >>> choose_order(DatasetFacts(indexed=True, local=True, mean_sample_bytes=110e3))
@@ -111,21 +128,23 @@ def choose_order(
         >>> choose_order(DatasetFacts(False, True, 0.0), num_open=16)
         OrderChoice(chunk_size=0, num_open=16, piece_size=64, block_size=64)
     """
-    chosen: tuple[int, int, int, int]
+    chosen: OrderChoice
     if not facts.indexed:
-        chosen = _UNINDEXED
+        chosen = WHOLE_SHARD_ORDER
     elif facts.local:
-        chosen = (LOCAL_CHUNK_SIZE, LOCAL_NUM_OPEN, LOCAL_PIECE_SIZE, _LOCAL_BLOCK_SIZE)
+        chosen = LOCAL_ORDER
     else:
         sample = max(1.0, facts.mean_sample_bytes)
         wanted = math.ceil(remote_piece_bytes(facts.mean_shard_bytes) / sample)
-        piece = piece_size or min(4096, max(LOCAL_PIECE_SIZE, wanted))
+        piece = piece_size or min(4096, max(LOCAL_ORDER.piece_size, wanted))
         piece = -(-piece // max(1, batch_size)) * max(1, batch_size) if not piece_size else piece
-        lanes = min(LOCAL_NUM_OPEN, max(32, int(REMOTE_WINDOW_BYTES // (piece * sample))))
-        chosen = (2 * piece, lanes, piece, piece)
-    given = (chunk_size, num_open, piece_size, block_size)
-    pairs = zip(chosen, given, strict=True)
-    return OrderChoice(*(auto if value is None else value for auto, value in pairs))
+        lanes = min(LOCAL_ORDER.num_open, max(32, int(REMOTE_WINDOW_BYTES // (piece * sample))))
+        chosen = OrderChoice(2 * piece, lanes, piece, piece)
+    given = {
+        "chunk_size": chunk_size, "num_open": num_open, "piece_size": piece_size,
+        "block_size": block_size,
+    }  # fmt: skip
+    return dataclasses.replace(chosen, **{k: v for k, v in given.items() if v is not None})
 
 
 def remote_piece_bytes(mean_shard_bytes: float) -> float:
@@ -163,3 +182,22 @@ def choose_open_shards(facts: DatasetFacts, num_open: int | None = None) -> int:
     if num_open is not None:
         return num_open
     return _OPEN_SHARDS_LOCAL if facts.local else _OPEN_SHARDS_REMOTE
+
+
+def epoch_sequence(
+    counts: np.ndarray, seed: int, epoch: int, options: PlanOptions
+) -> BaseSequence:
+    """A fresh epoch's sequence of a dataset with ``counts`` samples per shard.
+
+    Whole shards in a seeded order when ``options.chunk_size`` is 0, else chunks of that many
+    samples from all over the dataset (:class:`~.chunkorder.ChunkSequence`).
+
+    Example:
+        >>> epoch_sequence(np.array([3, 3]), 0, 0, PlanOptions(chunk_size=0)).length
+        6
+    """
+    order = shard_order(len(counts), seed, epoch, options.shuffle)
+    shards = ShardSequence(counts, order)
+    if options.chunk_size <= 0 or not options.shuffle:
+        return shards
+    return ChunkSequence(shards, options.chunk_size, [seed, epoch])

@@ -37,8 +37,8 @@ def planned_batches(plan: PassPlan, rank: int) -> Iterator[Refs]:
     """``(shards, ordinals)`` of every batch plan rank ``rank`` yields in the pass, in order.
 
     Example:
-        >>> from shardstream.streaming.planning.chunks import epoch_sequence
-        >>> from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+        >>> from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
+        >>> from shardstream.streaming.planning.split import Layout, Shape
         >>> options = PlanOptions(block_size=4, piece_size=2, num_open=4, chunk_size=2)
         >>> sequence = epoch_sequence(np.array([8, 8]), 0, 0, options)
         >>> plan = PassPlan(sequence, Shape.of(16, Layout(1, 2, 4), options), options, 0, 0)

@@ -21,8 +21,9 @@ import dataclasses
 from collections.abc import Iterator
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import PassSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 
 __all__ = ["PassPlan", "StepRead", "plan_ranks", "steps_of_worker"]
 

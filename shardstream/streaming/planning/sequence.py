@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,14 +45,27 @@ class Run(NamedTuple):
         return self.stop - self.first
 
 
-class BaseSequence(Protocol):
-    """An epoch's whole sequence: positions ``[0, length)`` map to shard samples."""
+class BaseSequence(abc.ABC):
+    """An epoch's whole sequence: positions ``[0, length)`` map to shard samples.
+
+    Like a :class:`DerivedSequence`, it names its ``base`` (itself) and its positions as
+    ``base_ranges`` (themselves), so a pass reads either through the same two questions.
+    """
 
     length: int
 
+    @property
+    def base(self) -> BaseSequence:
+        """The epoch's whole sequence: this one."""
+        return self
+
+    def base_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Positions ``[start, stop)`` as base positions: themselves."""
+        return [(start, stop)] if start < stop else []
+
+    @abc.abstractmethod
     def locate(self, start: int, stop: int) -> list[Run]:
         """The runs holding positions ``[start, stop)``, in order."""
-        ...
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
@@ -70,7 +83,7 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) ->
     return order
 
 
-class ShardSequence:
+class ShardSequence(BaseSequence):
     """Whole shards in a given order (empty ones left out): a fresh epoch of one dataset.
 
     Memory is two integers per shard; :meth:`locate` is a binary search.
@@ -141,18 +154,6 @@ class DerivedSequence(abc.ABC):
 
 #: What a pass reads: a fresh epoch's sequence, or what earlier passes of the epoch left.
 PassSequence = BaseSequence | DerivedSequence
-
-
-def base_ranges(sequence: PassSequence, start: int, stop: int) -> list[tuple[int, int]]:
-    """Positions ``[start, stop)`` of ``sequence`` as ranges of its base sequence's positions."""
-    if isinstance(sequence, DerivedSequence):
-        return sequence.base_ranges(start, stop)
-    return [(start, stop)] if start < stop else []
-
-
-def base_of(sequence: PassSequence) -> BaseSequence:
-    """The epoch's whole sequence behind ``sequence``."""
-    return sequence.base if isinstance(sequence, DerivedSequence) else sequence
 
 
 def last_at_most(start_of: Callable[[int], int], position: int, low: int, high: int) -> int:

@@ -28,58 +28,10 @@ import dataclasses
 import numpy as np
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.planning.order import PlanOptions
+from shardstream.streaming.planning.sequence import last_at_most
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "DEFAULT_NUM_OPEN",
-    "DEFAULT_PIECE_SIZE",
-    "POLICIES",
-    "Layout",
-    "PlanOptions",
-    "Shape",
-    "samples_per_rank",
-]
-
-POLICIES = ("pad", "drop", "mask")
-#: Defaults shared by :class:`PlanOptions` and ``StreamOptions`` (one place to change them).
-DEFAULT_BLOCK_SIZE = 64
-DEFAULT_PIECE_SIZE = 64
-DEFAULT_NUM_OPEN = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanOptions:
-    """How an epoch is laid out and ordered; identical on every rank and worker.
-
-    Attributes:
-        seed: Base seed of every random choice.
-        shuffle: Permute the shard order and interleave pieces per epoch.
-        policy: ``"pad"``, ``"drop"`` or ``"mask"`` (see the module docstring).
-        block_size: Samples per unit dealt to worker streams, rounded up to the batch size.
-        piece_size: Longest run of consecutive samples read from one place of a shard.
-        num_open: Pieces interleaved at once: a worker stream is read in windows of about
-            ``num_open * piece_size`` samples whose pieces are interleaved at random.
-        chunk_size: Samples per chunk of the epoch's order (see :mod:`.chunks`); 0 reads
-            whole shards in a seeded order.
-    """
-
-    seed: int = 0
-    shuffle: bool = True
-    policy: str = "pad"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    piece_size: int = DEFAULT_PIECE_SIZE
-    num_open: int = DEFAULT_NUM_OPEN
-    chunk_size: int = 0
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if self.chunk_size < 0:
-            raise ConfigError(f"chunk_size must be >= 0, got {self.chunk_size}")
-        for name in ("block_size", "piece_size", "num_open"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-
+__all__ = ["Layout", "Shape", "samples_per_rank"]
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -92,10 +44,6 @@ class Layout:
     def __post_init__(self) -> None:
         if min(self.world_size, self.num_workers, self.batch_size) < 1:
             raise ConfigError(f"a layout needs positive sizes, got {self}")
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain values for a state dict."""
-        return dataclasses.asdict(self)
 
 
 def samples_per_rank(num_samples: int, world_size: int, policy: str = "pad") -> int:
@@ -179,14 +127,12 @@ class Shape:
     def _round(self, step: int) -> tuple[int, int]:
         """``(round, index)`` of a step: in round ``r`` the streams with > ``r`` batches go."""
         batches = self.stream_batches
-        low, high = 0, int(batches[0]) if len(batches) else 0
-        while low < high:  # the last round r with sum(min(batches, r)) <= step
-            middle = (low + high + 1) // 2
-            if int(np.minimum(batches, middle).sum()) <= step:
-                low = middle
-            else:
-                high = middle - 1
-        return low, step - int(np.minimum(batches, low).sum())
+
+        def steps_before(round_: int) -> int:
+            return int(np.minimum(batches, round_).sum())
+
+        found = last_at_most(steps_before, step, 0, int(batches[0]) if len(batches) else 0)
+        return found, step - steps_before(found)
 
     def step(self, step: int) -> tuple[int, int]:
         """``(stream, micro-batch number)`` that every rank reads at ``step``."""

@@ -3,7 +3,7 @@
 A rank part is cut into *lanes* of consecutive units (see :class:`~.split.Shape`), each unit
 belonging to one stream. A stream's samples in lane ``l`` (its units there, end to end) form
 its *sub-lane*. Window ``i`` of a stream takes ``piece_size`` samples from each of its
-sub-lanes, positions ``[i * piece_size, (i + 1) * piece_size)``, so one window holds pieces
+sub-lanes, positions ``[i * piece_size, (i + 1) * piece_size)``, so one window holds runs
 from all over the rank part (shards written in class order still give mixed batches), and
 yields them in a seeded random interleave: a uniformly random order of the window's samples in
 which every run keeps its own order. So every run is read front to back (one ranged read, or
@@ -13,7 +13,7 @@ each run.
 Nothing here depends on what was read before: the window holding stream position ``k`` and its
 order follow from ``k`` and the seeds, which is what makes a resume a skip (no replay), and why
 what a pass has consumed is, per sub-lane, a prefix plus at most one window's run prefixes
-(:mod:`~shardstream.streaming.planning.passes`).
+(:mod:`~shardstream.streaming.planning.history`).
 """
 
 from __future__ import annotations
@@ -22,21 +22,17 @@ import dataclasses
 
 import numpy as np
 
-from shardstream.streaming.planning.sequence import (
-    PassSequence,
-    Run,
-    base_of,
-    base_ranges,
-    last_at_most,
-)
-from shardstream.streaming.planning.split import PlanOptions, Shape
+from shardstream.streaming.planning.order import PlanOptions
+from shardstream.streaming.planning.sequence import PassSequence, Run, last_at_most
+from shardstream.streaming.planning.split import Shape
 
 __all__ = [
     "StreamId",
     "StreamLanes",
     "Window",
     "build_window",
-    "pass_ranges",
+    "part_base_ranges",
+    "part_runs",
     "window_seed",
 ]
 
@@ -156,7 +152,18 @@ def window_seed(options: PlanOptions, stream: StreamId, window: int) -> list[int
     ]  # fmt: skip
 
 
-def pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[int, int]]:
+def part_base_ranges(
+    sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int
+) -> list[tuple[int, int]]:
+    """Rank-part positions ``[start, stop)`` of plan rank ``rank`` as base-sequence ranges."""
+    return [
+        ranges
+        for first, end in _pass_ranges(shape, rank, start, stop)
+        for ranges in sequence.base_ranges(first, end)
+    ]
+
+
+def _pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[int, int]]:
     """Rank-part positions ``[start, stop)`` as pass-sequence ranges (``pad`` wraps around)."""
     position, end, length = (
         rank * shape.per_rank + start,
@@ -174,12 +181,11 @@ def pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[in
 
 def part_runs(sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int) -> list[Run]:
     """The runs behind rank-part positions ``[start, stop)`` of plan rank ``rank``."""
-    base = base_of(sequence)
+    base = sequence.base
     return [
         run
-        for first, end in pass_ranges(shape, rank, start, stop)
-        for base_first, base_end in base_ranges(sequence, first, end)
-        for run in base.locate(base_first, base_end)
+        for first, end in part_base_ranges(sequence, shape, rank, start, stop)
+        for run in base.locate(first, end)
     ]
 
 

@@ -1,1 +1,2 @@
-"""What one DataLoader worker runs: reading pieces, the epoch channel, batches in shared memory."""
+"""What one DataLoader worker runs: cursors over windows, the shard reader and its pieces,
+whole-shard mode, batches in shared memory."""

@@ -1,10 +1,10 @@
 """Reading slices of one worker stream in its planned order (see ``planning.windows``).
 
 A :class:`StreamCursor` yields stream positions ``[start, stop)`` as samples. It keeps the
-current window and one open run per piece, positioned at the piece's next sample: reading a
-stream front to back opens each piece once (one ranged read, or one memory map), and a slice
-that starts elsewhere (a resume, or a step read by another worker at the end of an epoch) opens
-exactly the pieces' runs it needs. Nothing before ``start`` is read.
+current window and each of its runs opened as a piece, positioned at the run's next sample:
+reading a stream front to back opens each run once (one ranged read, or one memory map), and a
+slice that starts elsewhere (a resume, or a step read by another worker at the end of an epoch)
+opens exactly the pieces it needs. Nothing before ``start`` is read.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ class StreamCursor:
         self._lanes = StreamLanes(plan.shape, stream.phase)
         self._labels: list[int] = []
         self._ordinals: list[int] = []
-        self._fillers: list[bool] | None = None  # per piece, with "mask": holds fillers
-        self._runs: list[Iterator[Any] | None] = []
-        self._next: list[int] = []  # per piece, the ordinal its open run yields next
+        self._fillers: list[bool] | None = None  # per run, with "mask": holds fillers
+        self._pieces: list[Iterator[Any] | None] = []  # per run, its open piece's samples
+        self._next: list[int] = []  # per run, the ordinal its open piece yields next
         self._ahead: tuple[int, Window] | None = None  # the next window, built to announce it
         self._position = 0  # where the last slice ended: a slice starting elsewhere jumped
 
@@ -57,7 +57,7 @@ class StreamCursor:
             self._position = start = end
 
     def _load(self, index: int, start: int) -> Window:
-        self._close_runs()
+        self._close_pieces()
         plan = self._plan
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == index:
@@ -67,7 +67,7 @@ class StreamCursor:
         self._window = window
         self._labels, self._ordinals = window.labels.tolist(), window.ordinals.tolist()
         self._fillers = window.fillers.tolist() if plan.shape.masked else None
-        self._runs = [None] * len(window.runs)
+        self._pieces = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
         if self._reader.announces and self._lanes.before(index + 1) < self._lanes.total:
             # The next window's pieces are announced after this one's: an object store starts
@@ -89,50 +89,50 @@ class StreamCursor:
         """
         if not self._reader.announces:
             return
-        runs, expected = self._runs, self._next
+        pieces, expected = self._pieces, self._next
         announced = [
-            (piece.shard, piece.first + ordinal, piece.stop)
-            for label, piece, ordinal in _runs_from(window, offset)
-            if runs[label] is None or expected[label] != ordinal  # not already open there
+            (run.shard, run.first + ordinal, run.stop)
+            for label, run, ordinal in _runs_from(window, offset)
+            if pieces[label] is None or expected[label] != ordinal  # not already open there
         ]
         if self._ahead is not None:
-            announced += [(piece.shard, piece.first + ordinal, piece.stop)
-                          for _, piece, ordinal in _runs_from(self._ahead[1], 0)]  # fmt: skip
+            announced += [(run.shard, run.first + ordinal, run.stop)
+                          for _, run, ordinal in _runs_from(self._ahead[1], 0)]  # fmt: skip
         self._reader.prefetch(announced, self)
 
     def _emit(self, window: Window, first: int, end: int) -> Iterator[Any]:
         """The window's samples at ``[first, end)``; with ``"mask"``, each marked ``__valid__``
         (False for a filler: a real sample read again so every rank has equal batches)."""
-        runs, expected, fillers = self._runs, self._next, self._fillers
+        pieces, expected, fillers = self._pieces, self._next, self._fillers
         for label, ordinal in zip(self._labels[first:end], self._ordinals[first:end], strict=True):
-            run = runs[label]
-            if run is None or expected[label] != ordinal:
-                run = self._open(window, label, ordinal)
+            piece = pieces[label]
+            if piece is None or expected[label] != ordinal:
+                piece = self._open(window, label, ordinal)
             expected[label] = ordinal + 1
-            sample = next(run)
+            sample = next(piece)
             if fillers is not None and sample is not None:  # None: skipped (on_error="skip")
                 sample["__valid__"] = not fillers[label]
             yield sample
 
     def _open(self, window: Window, label: int, ordinal: int) -> Iterator[Any]:
-        old = self._runs[label]
+        old = self._pieces[label]
         if old is not None:
             _close(old)
-        piece = window.runs[label]
-        run = self._reader.open(piece.shard, piece.first + ordinal, piece.stop)
-        self._runs[label] = run
-        return run
+        run = window.runs[label]
+        piece = self._reader.open(run.shard, run.first + ordinal, run.stop)
+        self._pieces[label] = piece
+        return piece
 
-    def _close_runs(self) -> None:
-        for run in self._runs:
-            if run is not None:
-                _close(run)
-        self._runs = [None] * len(self._runs)
+    def _close_pieces(self) -> None:
+        for piece in self._pieces:
+            if piece is not None:
+                _close(piece)
+        self._pieces = [None] * len(self._pieces)
 
     def close(self) -> None:
-        """Close the open runs (their file handles go back to the reader's pool) and drop
+        """Close the open pieces (their file handles go back to the reader's pool) and drop
         what was announced."""
-        self._close_runs()
+        self._close_pieces()
         self._ahead = None
         self._reader.forget(self)
 
@@ -148,7 +148,7 @@ def _runs_from(window: Window, offset: int) -> list[tuple[int, Run, int]]:
             for label, ordinal in zip(found[order].tolist(), ordinals, strict=True)]  # fmt: skip
 
 
-def _close(run: Iterator[Any]) -> None:
-    close = getattr(run, "close", None)
+def _close(piece: Iterator[Any]) -> None:
+    close = getattr(piece, "close", None)
     if callable(close):
         close()

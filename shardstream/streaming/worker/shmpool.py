@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.worker.inline import MIN_BYTES, InlineTensor, typed_view
 
 __all__ = ["PooledTensor", "buffer_stats", "empty"]
@@ -117,7 +118,6 @@ class _Pool:
 
     def __init__(self, max_buffers: int, shared: bool) -> None:
         self.token = secrets.randbits(62)
-        self.pid = os.getpid()
         self.shared = shared
         self.max_buffers = max_buffers
         self.buffers: list[_Buffer] = []
@@ -147,7 +147,8 @@ class _Pool:
         return _Lease(buffer, nbytes)
 
 
-_pools: dict[bool, _Pool] = {}  # by shared; rebuilt in a forked child
+#: This process's pools, by ``shared`` (a forked child makes its own).
+_pools: ProcessLocal[dict[bool, _Pool]] = ProcessLocal(dict)
 
 
 def _close_all(buffers: list[_Buffer]) -> None:
@@ -172,9 +173,10 @@ def empty(
     nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
     lease = None
     if max_buffers > 0 and nbytes >= MIN_BYTES and (hasattr(os, "memfd_create") or not shared):
-        pool = _pools.get(shared)
-        if pool is None or pool.pid != os.getpid():
-            pool = _pools[shared] = _Pool(max_buffers, shared)
+        pools = _pools.get()
+        pool = pools.get(shared)
+        if pool is None:
+            pool = pools[shared] = _Pool(max_buffers, shared)
         pool.max_buffers = max_buffers
         lease = pool.take(nbytes)
     if lease is None:
@@ -210,7 +212,8 @@ def _reduce(tensor: PooledTensor) -> Any:
     handle = None
     if int(buffer.words[ACKED]) != buffer.generation:  # receiver has not mapped it yet
         handle = multiprocessing.reduction.DupFd(buffer.fd)
-    token = _pools[True].token if True in _pools else 0
+    pools = _pools.peek() or {}
+    token = pools[True].token if True in pools else 0
     args = (token, os.getpid(), buffer.number, buffer.generation, handle)
     return _rebuild, (*args, lease.nbytes, str(plain.dtype).removeprefix("torch."), plain.shape)
 

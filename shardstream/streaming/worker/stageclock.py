@@ -2,14 +2,12 @@
 
 Each reading process (a DataLoader worker, or the training process without workers) owns one
 row and is its only writer; it adds what a :class:`StageClock` counted once per batch. See
-:mod:`shardstream.streaming.stats` for what the training process makes of them.
+:mod:`shardstream.streaming.diagnostics.stats` for what the training process makes of them.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from shardstream.streaming.control.channel import MAX_WORKERS
 
 __all__ = ["FIELDS", "STAGES", "StageClock", "StatsBoard"]
 
@@ -23,12 +21,17 @@ STAGES = {"storage": "read_s", "decode": "decode_s", "transform": "transform_s",
 
 class StatsBoard:
     """One shared-memory row of counters per reading process: row 0 is the training process
-    (``num_workers=0``), row ``w + 1`` DataLoader worker ``w``."""
+    (``num_workers=0``), row ``w + 1`` DataLoader worker ``w``.
 
-    def __init__(self) -> None:
+    Args:
+        max_workers: The most DataLoader workers that will report (the dataset passes the
+            most its channel supports).
+    """
+
+    def __init__(self, max_workers: int) -> None:
         import torch
 
-        self._table = torch.zeros((MAX_WORKERS + 1, len(FIELDS)), dtype=torch.float64)
+        self._table = torch.zeros((max_workers + 1, len(FIELDS)), dtype=torch.float64)
         self._table.share_memory_()
 
     def row(self, worker: int | None) -> np.ndarray:

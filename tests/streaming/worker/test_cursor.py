@@ -7,10 +7,14 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 import pytest
 
-from shardstream.streaming.planning.chunks import epoch_sequence
-from shardstream.streaming.planning.order import DatasetFacts, choose_order
+from shardstream.streaming.planning.order import (
+    DatasetFacts,
+    PlanOptions,
+    choose_order,
+    epoch_sequence,
+)
 from shardstream.streaming.planning.schedule import PassPlan
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 from shardstream.streaming.planning.windows import StreamId
 from shardstream.streaming.worker.cursor import StreamCursor
 

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardstream.streaming.planning.sequence import BaseSequence, Run, ShardSequence, shard_order
-from shardstream.streaming.planning.split import PlanOptions
+from shardstream.streaming.planning.sequence import BaseSequence, Run, ShardSequence
 
-__all__ = ["ChunkOrder", "ChunkSequence", "epoch_sequence"]
+__all__ = ["ChunkOrder", "ChunkSequence"]
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 4
@@ -84,7 +83,7 @@ class ChunkOrder:
         return value
 
 
-class ChunkSequence:
+class ChunkSequence(BaseSequence):
     """An epoch's samples: chunks of shard-ordered samples, in a seeded order.
 
     Positions ``[0, length)`` are read in chunks of ``chunk_size``; chunk ``j`` holds the
@@ -131,21 +130,3 @@ class ChunkSequence:
             start = end
         return runs
 
-
-def epoch_sequence(
-    counts: np.ndarray, seed: int, epoch: int, options: PlanOptions
-) -> BaseSequence:
-    """A fresh epoch's sequence of a dataset with ``counts`` samples per shard.
-
-    Whole shards in a seeded order when ``options.chunk_size`` is 0, else chunks of that many
-    samples from all over the dataset (see the module docstring).
-
-    Example:
-        >>> epoch_sequence(np.array([3, 3]), 0, 0, PlanOptions(chunk_size=0)).length
-        6
-    """
-    order = shard_order(len(counts), seed, epoch, options.shuffle)
-    shards = ShardSequence(counts, order)
-    if options.chunk_size <= 0 or not options.shuffle:
-        return shards
-    return ChunkSequence(shards, options.chunk_size, [seed, epoch])

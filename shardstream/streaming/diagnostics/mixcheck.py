@@ -20,11 +20,15 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source
 from shardstream.errors import ConfigError
-from shardstream.streaming.bench import format_table
-from shardstream.streaming.control.state import PassState
+from shardstream.streaming.control.resumestate import PassState
 from shardstream.streaming.dataset import StreamingDataset
+from shardstream.streaming.diagnostics.bench import format_table
+from shardstream.streaming.diagnostics.mixmetrics import (
+    distinct_per_batch,
+    random_distinct,
+    spearman,
+)
 from shardstream.streaming.loader import StreamingDataLoader
-from shardstream.streaming.mixmetrics import distinct_per_batch, random_distinct, spearman
 from shardstream.streaming.options import StreamOptions
 from shardstream.streaming.planning.readorder import planned_batches
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from shardstream.catalog.shardlist import ShardList
 from shardstream.streaming.mixture import Mixture
-from shardstream.streaming.planning.chunks import epoch_sequence
-from shardstream.streaming.planning.passes import PassRecord, pass_sequence
+from shardstream.streaming.planning.history import PassRecord, pass_sequence
+from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 
-__all__ = ["PassCache"]
+__all__ = ["PlanCache"]
 
 
-class PassCache:
+class PlanCache:
     """The latest epoch's sequence and passes, computed once per process and epoch.
 
     Args:

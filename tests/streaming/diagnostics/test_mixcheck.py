@@ -12,8 +12,8 @@ from shardstream.cli import main
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamOptions
-from shardstream.streaming.mixcheck import MixCheckOptions, check_mix
-from shardstream.streaming.mixmetrics import random_distinct, spearman
+from shardstream.streaming.diagnostics.mixcheck import MixCheckOptions, check_mix
+from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
 
 CLASSES, PER_CLASS = 40, 100
 

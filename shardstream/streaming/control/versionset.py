@@ -18,14 +18,14 @@ Other versions are opened on demand, once per process (a few are kept); a versio
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from shardstream.catalog.shardlist import ShardList, Source, resolve_source
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.format.manifest import Manifest
-from shardstream.streaming.control.cache import PassCache
-from shardstream.streaming.control.state import VersionNumber, version_number
+from shardstream.streaming.control.plancache import PlanCache
+from shardstream.streaming.control.resumestate import SavedState, VersionNumber
 from shardstream.streaming.mixture import Mixture, Stream
 from shardstream.streaming.settings import Settings
 
@@ -39,7 +39,7 @@ _KEPT_VERSIONS = 2
 
 @dataclasses.dataclass(frozen=True)
 class DatasetVersion:
-    """One version's shards, manifest (or mixture), and the pass cache built on them.
+    """One version's shards, manifest (or mixture), and the plan cache built on them.
 
     ``settings`` are the dataset's, with this version's facts (the default order depends on
     the mean sample size, so each version keeps the order it was read in).
@@ -48,7 +48,7 @@ class DatasetVersion:
     number: VersionNumber
     shards: ShardList
     manifest: Manifest | None
-    passes: PassCache
+    plans: PlanCache
     settings: Settings
     mixture: Mixture | None = None
 
@@ -125,9 +125,9 @@ def _open_mixture(
         options.read_options,
     )  # fmt: skip
     settings = settings.with_facts(mixture.shards.facts())
-    passes = PassCache(mixture.shards, mixture, settings.plan)
+    plans = PlanCache(mixture.shards, mixture, settings.plan)
     number = mixture.versions if number is None else number
-    return DatasetVersion(number, mixture.shards, None, passes, settings, mixture)
+    return DatasetVersion(number, mixture.shards, None, plans, settings, mixture)
 
 
 def _open_single(source: Source, settings: Settings, version: int | None) -> DatasetVersion:
@@ -136,9 +136,9 @@ def _open_single(source: Source, settings: Settings, version: int | None) -> Dat
         source, options.storage_options, options.read_options, version
     )
     settings = settings.with_facts(shards.facts())
-    passes = PassCache(shards, None, settings.plan)
+    plans = PlanCache(shards, None, settings.plan)
     number = manifest.version if manifest else None
-    return DatasetVersion(number, shards, manifest, passes, settings)
+    return DatasetVersion(number, shards, manifest, plans, settings)
 
 
 class VersionSet:
@@ -155,10 +155,10 @@ class VersionSet:
         self.source, self.opened, self.pinned = source, opened, pinned
         self._others: dict[Any, DatasetVersion] = {}
 
-    def number_for(self, saved: Mapping[str, Any]) -> VersionNumber:
+    def number_for(self, saved: SavedState) -> VersionNumber:
         """The version a saved state's pass reads (``dataset_version``, or the legacy rule)."""
-        if "dataset_version" in saved:
-            return version_number(saved["dataset_version"])
+        if saved.versioned:
+            return saved.state.dataset_version
         opened = self.opened.number
         if isinstance(opened, tuple):
             return (LEGACY_VERSION,) * len(opened)

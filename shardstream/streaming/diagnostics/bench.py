@@ -17,9 +17,9 @@ from typing import Any
 from shardstream.catalog.shardlist import Source
 from shardstream.errors import ConfigError
 from shardstream.streaming.dataset import StreamingDataset
+from shardstream.streaming.diagnostics.stats import bottleneck
 from shardstream.streaming.loader import StreamingDataLoader
 from shardstream.streaming.options import StreamOptions
-from shardstream.streaming.stats import bottleneck
 
 __all__ = [
     "BenchOptions",

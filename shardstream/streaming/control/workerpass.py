@@ -17,7 +17,7 @@ from typing import Any
 
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.inputs import PassInputs
-from shardstream.streaming.control.state import PassState, WorkerPosition
+from shardstream.streaming.control.resumestate import PassState, WorkerPosition, encode_pass
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.wholeshardplan import role_after
 from shardstream.streaming.worker.reader import WorkerStats
@@ -55,21 +55,22 @@ class WorkerPass:
 
 
 def start_pass(
-    inputs: PassInputs, context: Context, pending: dict[str, Any] | None
+    inputs: PassInputs, context: Context, pending: tuple[PassState, WorkerPosition] | None
 ) -> WorkerPass:
     """The pass this process reads next (see the module docstring).
 
     Args:
         inputs: What the pass needs of the dataset.
         context: Where this process sits.
-        pending: A restored per-worker state (``Stateful``), or None.
+        pending: A restored per-worker state (``Stateful``): its pass and the worker's place.
     """
     if pending is not None:
-        return _restored(inputs, context, pending)
+        return _restored(inputs, context, *pending)
     channel = inputs.channel
     epoch, directive = channel.take(context.worker, context.num_workers)
-    state = PassState.from_dict(directive) if directive else PassState(epoch)
-    token = _pass_token(epoch, directive, channel.pin_count, context.num_workers)
+    state = directive or PassState(epoch)
+    posted = encode_pass(directive) if directive else None
+    token = _pass_token(epoch, posted, channel.pin_count, context.num_workers)
     return _fresh(inputs, context, state, token)
 
 
@@ -92,16 +93,17 @@ def _fresh(inputs: PassInputs, context: Context, state: PassState, token: int) -
     return WorkerPass(state, plan, state.consumed, context.worker, token, WorkerStats())
 
 
-def _restored(inputs: PassInputs, context: Context, saved: dict[str, Any]) -> WorkerPass:
+def _restored(
+    inputs: PassInputs, context: Context, state: PassState, saved: WorkerPosition
+) -> WorkerPass:
     """The pass a Stateful restore continues; the next epoch if the rank had finished.
 
     A loader may save after the last batch without having seen the end of the epoch. The
     restored pass would then be empty; instead, when every worker of the rank had finished
     (they tell each other through the channel as they restore), it reads the next epoch.
     """
-    state = PassState.from_dict(saved)
-    start, role, token = int(saved["start"]), int(saved["role"]), int(saved["token"])
-    stats = WorkerStats(batches=int(saved["served"]))
+    start, role, token = saved.start, saved.role, saved.token
+    stats = WorkerStats(batches=saved.served)
     plan = inputs.plan(state, inputs.layout(context)) if inputs.counted else None
     workers = context.num_workers
     if plan is not None and _rank_done(inputs, context, plan, start, role, stats, token):

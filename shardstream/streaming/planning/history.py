@@ -22,11 +22,11 @@ sequence, so it is never left: with ``mask`` every sample comes exactly once acr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from shardstream.streaming.planning.leftover import LeftSequence
+from shardstream.streaming.planning.order import PlanOptions
 from shardstream.streaming.planning.sequence import BaseSequence, PassSequence
-from shardstream.streaming.planning.split import Layout, PlanOptions, Shape
+from shardstream.streaming.planning.split import Layout, Shape
 from shardstream.streaming.planning.windows import StreamId
 
 __all__ = ["PassRecord", "pass_sequence", "remainder"]
@@ -38,16 +38,6 @@ class PassRecord:
 
     layout: Layout
     consumed_steps: int
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain values for a state dict."""
-        return {**self.layout.as_dict(), "consumed_steps": self.consumed_steps}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> PassRecord:
-        """Inverse of :meth:`as_dict`."""
-        layout = Layout(int(data["world_size"]), int(data["num_workers"]), int(data["batch_size"]))
-        return cls(layout, int(data["consumed_steps"]))
 
 
 def remainder(
