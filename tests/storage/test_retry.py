@@ -284,3 +284,22 @@ def test_retry_jitter_differs_per_forked_worker_and_leaves_the_users_random_alon
         for _ in range(3):
             retrier.failed(OSError("reset"), 0)
     assert random.random() == expected
+
+
+def test_a_local_reader_imports_no_object_store_client() -> None:
+    """Classifying botocore's and aiohttp's errors needs them only once they are imported (an
+    exception of theirs cannot exist before): a local reader starts without loading either."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from shardstream.streaming import StreamingDataset\n"
+        "from shardstream.storage.remote.retry import is_retryable\n"
+        "assert not is_retryable(ValueError('x'))\n"
+        "print(sorted(name for name in ('aiohttp', 'botocore', 's3fs') if name in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
