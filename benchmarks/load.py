@@ -211,7 +211,8 @@ def child(task: dict) -> dict:
     import torchvision.datasets  # noqa: F401
     import webdataset  # noqa: F401
 
-    import shardstream.streaming  # noqa: F401
+    # shardstream.streaming loads its modules on first use: name what the rows use.
+    from shardstream.streaming import StreamingDataset, StreamOptions  # noqa: F401
 
     if task.get("row") == "dali":
         import nvidia.dali  # noqa: F401
