@@ -7,7 +7,7 @@
 - ``facts.py``: what the default epoch order depends on (indexed, local, sample size);
 - ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
 - ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;
-- ``partitions.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
+- ``partitionmerge.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
 - ``versions.py``: versioned manifests of a dataset that grows (``unlisted.py``: the shard
   files only pruned versions list);
 - ``exclude.py``: :func:`exclude_samples`, a version that leaves samples out, in place
@@ -15,7 +15,7 @@
 - ``dups.py`` and ``dupscan.py``: :func:`find_duplicates`, equal content within and across
   datasets, from the indexes' digests;
 - ``attach.py`` and ``whereview.py``: :func:`attach_columns`, fields by key, and views by a
-  predicate over them;
+  predicate over them (``viewmanifest.py``: the manifest every kind of view writes);
 - ``execute.py``: runs index and build tasks on processes or any executor.
 
 The catalog imports storage and format only; the writer and the streaming side import it.

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from shardstream._version import __version__
 from shardstream.catalog.shardlist import Source, read_dataset
+from shardstream.catalog.viewmanifest import view_manifest
 from shardstream.catalog.whereview import where_view
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet
@@ -28,7 +28,6 @@ from shardstream.format.manifest import Manifest, write_manifest
 from shardstream.format.roots import absolute_root, root_store
 from shardstream.format.selection import Selection
 from shardstream.format.shardindex import decode_index
-from shardstream.format.shardtable import ShardTable
 from shardstream.storage import Store
 
 __all__ = ["make_view", "split_dataset"]
@@ -98,22 +97,8 @@ def make_view(
         keys_file = KEYS_NAME
         with target.open_atomic_write(KEYS_NAME) as stream:
             stream.write(selection.keys.astype("<i8").tobytes())
-    table = manifest.shards
-    view = Manifest(
-        shards=ShardTable(table.names, counts, table.num_bytes, table.sha256, table.indexes),
-        class_names=manifest.class_names,
-        settings={"view_of": origin.shown()},
-        created_by=f"shardstream {__version__} view",
-        shard_root=absolute_root(root_store(origin, manifest.shard_root)),
-        index_root=absolute_root(root_store(origin, manifest.index_root)),
-        view={
-            "source": origin.shown(),
-            "source_version": manifest.version,
-            "select": selection.as_dict(keys_file),
-        },
-        exclusions=manifest.exclusions,
-        columns=_columns_of(origin, manifest),
-    )
+    view = view_manifest(origin, manifest, counts, selection.as_dict(keys_file),
+                         manifest.exclusions, _columns_of(origin, manifest))  # fmt: skip
     write_manifest(target, view)
     return view
 

@@ -16,14 +16,13 @@ from typing import Any
 
 import numpy as np
 
-from shardstream._version import __version__
 from shardstream.catalog.shardlist import Source, read_dataset
+from shardstream.catalog.viewmanifest import view_manifest
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet, column_file, read_column_table
 from shardstream.format.exclusions import Exclusions
 from shardstream.format.manifest import Manifest, write_manifest
 from shardstream.format.roots import absolute_root, root_store
-from shardstream.format.shardtable import ShardTable
 from shardstream.format.where import Predicate
 from shardstream.storage import StorageOptions, Store
 
@@ -90,21 +89,7 @@ def _view_manifest(
         found = where_found < len(manifest.exclusions)
         found[found] = manifest.exclusions.places[where_found[found]] == places[found]
         versions[found] = manifest.exclusions.versions[where_found[found]]
-    table = manifest.shards
     columns: Any = manifest.columns
     kept = ColumnSet(columns.folder, columns.fields, columns.num_shards, absolute_root(fields))
-    return Manifest(
-        shards=ShardTable(table.names, counts, table.num_bytes, table.sha256, table.indexes),
-        class_names=manifest.class_names,
-        settings={"view_of": origin.shown()},
-        created_by=f"shardstream {__version__} view",
-        shard_root=absolute_root(root_store(origin, manifest.shard_root)),
-        index_root=absolute_root(root_store(origin, manifest.index_root)),
-        view={
-            "source": origin.shown(),
-            "source_version": manifest.version,
-            "select": {"kind": "where", "where": where},
-        },
-        exclusions=Exclusions(places, versions),
-        columns=kept,
-    )
+    select = {"kind": "where", "where": where}
+    return view_manifest(origin, manifest, counts, select, Exclusions(places, versions), kept)
