@@ -10,7 +10,6 @@ import json
 import pathlib
 import subprocess
 import sys
-import warnings
 
 import pytest
 import webdataset as wds
@@ -21,6 +20,7 @@ from shardstream.catalog.exclude import exclude_samples
 from shardstream.cli.exclude import read_key_lines
 from shardstream.format.shardindex import decode_index, encode_offsets
 from tests.conftest import encode_image
+from tests.daskcluster import dask_client
 
 
 def _train_and_test() -> tuple[list[dict], list[dict]]:
@@ -117,25 +117,12 @@ def test_old_indexes_and_foreign_shards_give_the_same_groups(tmp_path: pathlib.P
 
 @pytest.mark.slow
 def test_dups_run_on_a_dask_cluster(built: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    distributed = pytest.importorskip("distributed")
     local = find_duplicates([built / "train", built / "test"], max_bucket_bytes=512)
-    with warnings.catch_warnings():
-        # Dask's own start-up/shutdown noise only; our code must stay warning-free elsewhere.
-        warnings.filterwarnings(
-            "ignore", category=DeprecationWarning, module=r"(distributed|dask|tornado)"
-        )
-        warnings.filterwarnings("ignore", category=ResourceWarning)
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"distributed")
-        with (
-            distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            dask = find_duplicates(
-                [built / "train", built / "test"], max_bucket_bytes=512, workers=2,
-                executor=client.get_executor(), work_dir=str(tmp_path / "work"),
-            )  # fmt: skip
+    with dask_client() as client:
+        dask = find_duplicates(
+            [built / "train", built / "test"], max_bucket_bytes=512, workers=2,
+            executor=client.get_executor(), work_dir=str(tmp_path / "work"),
+        )  # fmt: skip
     assert dask.as_dict() == local.as_dict()
 
 

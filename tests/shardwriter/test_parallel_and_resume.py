@@ -7,11 +7,11 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 
 from shardstream.shardwriter import build_shards
+from tests.daskcluster import dask_client
 
 from .helpers import dataset_bytes
 
@@ -38,29 +38,16 @@ def test_resize_output_identical_across_workers(make_image_folder, tmp_path):
 
 @pytest.mark.slow
 def test_dask_local_cluster_executor(make_image_folder, tmp_path):
-    distributed = pytest.importorskip("distributed")
     root = make_image_folder(num_classes=3, per_class=8)
     build_shards(root, tmp_path / "local", max_samples_per_shard=5)
-    with warnings.catch_warnings():
-        # Dask's own start-up/shutdown noise only; our code must stay warning-free elsewhere.
-        warnings.filterwarnings(
-            "ignore", category=DeprecationWarning, module=r"(distributed|dask|tornado)"
+    with dask_client() as client:
+        build_shards(
+            root,
+            tmp_path / "dask",
+            max_samples_per_shard=5,
+            workers=2,
+            executor=client.get_executor(),
         )
-        warnings.filterwarnings("ignore", category=ResourceWarning)
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"distributed")
-        with (
-            distributed.LocalCluster(
-                n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            build_shards(
-                root,
-                tmp_path / "dask",
-                max_samples_per_shard=5,
-                workers=2,
-                executor=client.get_executor(),
-            )
     assert dataset_bytes(tmp_path / "dask") == dataset_bytes(tmp_path / "local")
 
 
