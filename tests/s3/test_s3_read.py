@@ -285,13 +285,11 @@ def test_ranged_read_past_the_end_of_a_shorter_object(
 def test_receive_buffers_are_reused_across_gets(
     moto_fs: Any, storage_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardstream.storage.backends.s3client as s3sync
     from shardstream.storage.processlocal import ProcessLocal
     from shardstream.storage.remote import buffers
 
     pool = buffers.ReceiveBuffers(max_bytes=64 * 2**20)
-    for module in (buffers, s3sync):
-        monkeypatch.setattr(module, "RECEIVE_BUFFERS", ProcessLocal(lambda: pool))
+    monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", ProcessLocal(lambda: pool))
     blob = payload(40 * 2**20 + 777, seed=3)
     moto_fs.pipe(URL, blob)
     plain = ReadOptions(read_ahead_bytes=0)  # one 8 MiB GET after another, in this thread

@@ -14,18 +14,14 @@ using aiobotocore for them.
 
 from __future__ import annotations
 
-import http.client
 import threading
 from typing import Any
 
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
-from shardstream.storage.remote.retry import ShortReadError
+from shardstream.storage.remote.buffers import read_body
 
 __all__ = ["PresignedGets", "SyncS3Body", "sync_client"]
 
-#: Bytes received per ``readinto`` call: progress is counted (and kept on a failure) per slice.
-_SLICE_BYTES = 2**20
 
 #: This process's clients (connection pools), by (filesystem, timeout, connections).
 _clients: ProcessLocal[dict[tuple[int, float, int], Any]] = ProcessLocal(dict)
@@ -140,36 +136,14 @@ class SyncS3Body:
             raise error
         if self._fp is None or not hasattr(self._fp, "readinto"):
             return bytearray(self._body.read(num_bytes))  # pragma: no cover - other transports
-        pooled = num_bytes >= MIN_POOLED_BYTES
-        buffers = RECEIVE_BUFFERS.get()
-        buffer = buffers.take(num_bytes) if pooled else bytearray(num_bytes)
-        view = memoryview(buffer)
-        received = 0
-        try:
-            while received < num_bytes:
-                count = self._fp.readinto(view[received : received + _SLICE_BYTES])
-                if not count:  # the server closed early (http.client raises nothing here)
-                    self._error = ShortReadError(f"response body ended after {received} bytes")
-                    break
-                received += count
-        except http.client.HTTPException as exc:  # IncompleteRead...: a body cut short
-            self._error = ShortReadError(f"response body broken: {exc!r}")
-        except Exception as exc:  # socket timeouts, resets: classified by the Retrier
-            self._error = exc
-        finally:
-            view.release()
-        if self._error is not None and self._raw is not None:
-            self._raw.close()  # a broken connection is never reused, nor left for the GC
-        if self._error is not None and not received:
-            if pooled:
-                buffers.give(buffer)
-            error, self._error = self._error, None
-            raise error
-        if pooled:
-            return memoryview(buffer)[:received]
-        if received < num_bytes:
-            del buffer[received:]
-        return buffer
+        data, failure = read_body(self._fp.readinto, num_bytes)
+        if failure is not None:
+            if self._raw is not None:
+                self._raw.close()  # a broken connection is never reused, nor left for the GC
+            if not data:
+                raise failure
+            self._error = failure  # raised by the next call, after these bytes
+        return data
 
     def close(self) -> None:
         """Give a fully read connection back to the pool; drop a half-read one."""

@@ -3,16 +3,21 @@ as a view, and taken back once the reader is done and no other view of it is ali
 
 from __future__ import annotations
 
+import http.client
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from shardstream.storage.processlocal import ProcessLocal
+from shardstream.storage.remote.retry import ShortReadError
 
-__all__ = ["RECEIVE_BUFFERS", "ReceiveBuffers", "recycle"]
+__all__ = ["RECEIVE_BUFFERS", "ReceiveBuffers", "read_body", "recycle"]
 
 #: Buffers are kept for reads of at least this many bytes (small ones are cheap to allocate).
 MIN_POOLED_BYTES = 2**20
 _ROUND_BYTES = 2**20
+#: Bytes asked of a response body per ``readinto`` (the socket's reads are shorter anyway).
+_SLICE_BYTES = 2**20
 
 
 class ReceiveBuffers:
@@ -60,6 +65,46 @@ class ReceiveBuffers:
 #: Each process's pool (a forked child starts empty): enough for a few GETs in flight per
 #: open stream.
 RECEIVE_BUFFERS: ProcessLocal[ReceiveBuffers] = ProcessLocal(lambda: ReceiveBuffers(48 * 2**20))
+
+
+def read_body(
+    readinto: Callable[[memoryview], int | None], num_bytes: int
+) -> tuple[bytearray | memoryview, BaseException | None]:
+    """Up to ``num_bytes`` of a response body through its ``readinto``, without joins.
+
+    Reads of :data:`MIN_POOLED_BYTES` or more land in a reused buffer and come back as a view of
+    it (give it back with :func:`recycle`); smaller ones as a ``bytearray``. A failure comes
+    back beside the bytes received before it (a retry resumes after them); with none received,
+    the buffer is given back at once and the bytes are empty.
+    """
+    pooled = num_bytes >= MIN_POOLED_BYTES
+    buffers = RECEIVE_BUFFERS.get()
+    buffer = buffers.take(num_bytes) if pooled else bytearray(num_bytes)
+    view = memoryview(buffer)
+    received = 0
+    error: BaseException | None = None
+    try:
+        while received < num_bytes:
+            count = readinto(view[received : received + _SLICE_BYTES])
+            if not count:  # the server closed early (http.client raises nothing here)
+                error = ShortReadError(f"response body ended after {received} bytes")
+                break
+            received += count
+    except http.client.HTTPException as exc:  # IncompleteRead...: a body cut short
+        error = ShortReadError(f"response body broken: {exc!r}")
+    except Exception as exc:  # socket timeouts, resets: classified by the Retrier
+        error = exc
+    finally:
+        view.release()
+    if error is not None and not received:
+        if pooled:
+            buffers.give(buffer)
+        return bytearray(), error
+    if pooled:
+        return memoryview(buffer)[:received], error
+    if received < num_bytes:
+        del buffer[received:]
+    return buffer, error
 
 
 def recycle(extent: Any) -> None:

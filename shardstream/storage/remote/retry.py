@@ -37,7 +37,9 @@ def retries_in_process() -> int:
     """Failed storage tries this process has retried so far (all stores, all threads)."""
     return _RETRIES[0]
 
+
 logger = logging.getLogger("shardstream.storage")
+
 
 def _retryable_boto_errors() -> tuple[type[BaseException], ...]:
     """botocore errors (not OSError) that a new connection may fix; ResponseParserError
