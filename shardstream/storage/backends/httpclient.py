@@ -19,13 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, RECEIVE_BUFFERS
-from shardstream.storage.remote.retry import ShortReadError, StatusError
+from shardstream.storage.remote.buffers import read_body
+from shardstream.storage.remote.retry import StatusError
 
 __all__ = ["ConnectionPool", "HttpBody", "connection_pool"]
 
-#: Bytes received per ``readinto`` call: progress is counted (and kept on a failure) per slice.
-_SLICE_BYTES = 2**20
 #: Idle connections kept per host (each fetch-pool thread holds one while it reads).
 _MAX_IDLE = 96
 _MAX_REDIRECTS = 8
@@ -93,9 +91,8 @@ class ConnectionPool:
             idle = self._idle.get(origin)
             connection = idle.pop() if idle else None
         for fresh in ((False, True) if connection is not None else (True,)):
-            if fresh:
+            if fresh or connection is None:
                 connection = self._connect(origin)
-            assert connection is not None
             try:
                 connection.request(method, target, headers=dict(headers))
                 response = connection.getresponse()
@@ -159,34 +156,12 @@ class HttpBody:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        pooled = num_bytes >= MIN_POOLED_BYTES
-        buffers = RECEIVE_BUFFERS.get()
-        buffer = buffers.take(num_bytes) if pooled else bytearray(num_bytes)
-        view = memoryview(buffer)
-        received = 0
-        try:
-            while received < num_bytes:
-                count = self._response.readinto(view[received : received + _SLICE_BYTES])
-                if not count:
-                    self._error = ShortReadError(f"response body ended after {received} bytes")
-                    break
-                received += count
-        except http.client.HTTPException as exc:  # IncompleteRead...: a body cut short
-            self._error = ShortReadError(f"response body broken: {exc!r}")
-        except Exception as exc:  # socket timeouts, resets: classified by the Retrier
-            self._error = exc
-        finally:
-            view.release()
-        if self._error is not None and not received:
-            if pooled:
-                buffers.give(buffer)
-            error, self._error = self._error, None
-            raise error
-        if pooled:
-            return memoryview(buffer)[:received]
-        if received < num_bytes:
-            del buffer[received:]
-        return buffer
+        data, failure = read_body(self._response.readinto, num_bytes)
+        if failure is not None:
+            if not data:
+                raise failure
+            self._error = failure  # raised by the next call, after these bytes
+        return data
 
     def close(self) -> None:
         """Give a fully read connection back to the pool; drop a half-read or broken one."""

@@ -193,12 +193,12 @@ class NvImageCodecBackend:
         handle = 0 if stream is None else int(stream.cuda_stream)
         images = self.decoder.decode(streams, params=self.params, cuda_stream=handle)
         rejected = [i for i, image in enumerate(images) if image is None]
-        if rejected and self._hybrid is not False:
+        hybrid = self._hybrid
+        if rejected and hybrid is not False:
             # Streams the hardware decoder does not take (progressive, 4:1:1...): the hybrid one.
-            if self._hybrid is None:
-                self._hybrid = self._decoder(module.BackendKind.HYBRID_CPU_GPU)
-            assert self._hybrid is not False
-            again = self._hybrid.decode(
+            if hybrid is None:
+                hybrid = self._hybrid = self._decoder(module.BackendKind.HYBRID_CPU_GPU)
+            again = hybrid.decode(
                 [streams[i] for i in rejected], params=self.params, cuda_stream=handle
             )
             for i, image in zip(rejected, again, strict=True):
