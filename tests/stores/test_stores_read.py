@@ -135,3 +135,29 @@ def test_requests_in_flight_follow_the_first_byte_latency(
     assert pool.gauge.num_measured > 0 and pool.gauge.first_byte_s >= 0.05
     assert pool.wanted_threads == 12, "a 50 ms first byte calls for the most requests"
     assert 3 <= any_store.proxy.max_in_flight <= 13
+
+
+def test_announced_pieces_are_one_get_each_unless_long(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A piece announced ahead is fetched by one GET up to 4 MiB (a split would halve the mean
+    request on small shards); a longer one opens with a short GET and fetches the rest after."""
+    monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
+    folder = tmp_path / "blob"
+    folder.mkdir()
+    sizes = [3 << 19, 4 << 20, 5 << 20]  # 1.5 MiB, the longest one-GET piece, a long one
+    blob = bytes(range(256)) * (sum(sizes) // 256)
+    (folder / "shard.tar").write_bytes(blob)
+    url = any_store.put(folder, f"whole-{tmp_path.name}")
+    store = Store(url, any_store.options, ReadOptions(prefetch_bytes=sum(sizes)))
+    bounds = [sum(sizes[:n]) for n in range(len(sizes) + 1)]
+    ranges = [("shard.tar", a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    any_store.proxy.clear()
+    store.prefetch(ranges, "group")
+    pieces = []
+    for name, start, end in ranges:
+        with store.open_read(name, start, end) as stream:
+            pieces.append(stream.read())
+    hints.forget("group")
+    assert b"".join(pieces) == blob
+    assert any_store.proxy.count("GET", "shard.tar") == 1 + 1 + 2

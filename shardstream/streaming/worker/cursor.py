@@ -4,7 +4,11 @@ A :class:`StreamCursor` yields stream positions ``[start, stop)`` as samples. It
 current window and each of its runs opened as a piece, positioned at the run's next sample:
 reading a stream front to back opens each run once (one ranged read, or one memory map), and a
 slice that starts elsewhere (a resume, or a step read by another worker at the end of an epoch)
-opens exactly the pieces it needs. Nothing before ``start`` is read.
+opens exactly the pieces it needs. Nothing before ``start`` is read, except that a piece open a
+few samples before the one wanted is moved forward rather than opened again: at an epoch's end
+workers take turns at the steps of the longer streams, each step a sample or two from every run
+of the window, and opening every run again at each turn would cost a request per run and turn
+on an object store (a piece's bytes are usually fetched already).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from shardstream.streaming.worker.reader import ShardReader
 
 __all__ = ["StreamCursor"]
 
+#: Samples an open piece is moved forward over (read and dropped) instead of being opened again.
+_MAX_SKIP = 32
+
 
 class StreamCursor:
     """One stream of a pass, read in slices.
@@ -29,10 +36,15 @@ class StreamCursor:
         plan: The pass.
         stream: Which stream (plan rank and phase).
         reader: The worker's shard reader.
+        shared: Other workers read this stream too (an epoch's last steps): what this worker
+            reads next is not known, so each slice announces only its own pieces.
     """
 
-    def __init__(self, plan: PassPlan, stream: StreamId, reader: ShardReader) -> None:
+    def __init__(
+        self, plan: PassPlan, stream: StreamId, reader: ShardReader, shared: bool = False
+    ) -> None:
         self._plan, self._stream, self._reader = plan, stream, reader
+        self._shared = shared
         self._window: Window | None = None
         self._lanes = StreamLanes(plan.shape, stream.phase)
         self._labels: list[int] = []
@@ -48,15 +60,15 @@ class StreamCursor:
         while start < stop:
             window = self._window
             if window is None or not window.start <= start < window.start + window.num_samples:
-                window = self._load(self._lanes.window_at(start), start)
-            elif start != self._position and self._reader.announces:
-                self._announce(window, start - window.start)
+                window = self._load(self._lanes.window_at(start), start, stop)
             end = min(stop, window.start + window.num_samples)
+            if start != self._position:  # a jump within the window
+                self._announce(window, start, stop)
             self._position = -1  # until the slice is read whole
             yield from self._emit(window, start - window.start, end - window.start)
             self._position = start = end
 
-    def _load(self, index: int, start: int) -> Window:
+    def _load(self, index: int, start: int, stop: int) -> Window:
         self._close_pieces()
         plan = self._plan
         ahead, self._ahead = self._ahead, None
@@ -69,31 +81,38 @@ class StreamCursor:
         self._fillers = window.fillers.tolist() if plan.shape.masked else None
         self._pieces = [None] * len(window.runs)
         self._next = [-1] * len(window.runs)
-        if self._reader.announces and self._lanes.before(index + 1) < self._lanes.total:
+        more = self._lanes.before(index + 1) < self._lanes.total
+        if self._reader.announces and more and not self._shared:
             # The next window's pieces are announced after this one's: an object store starts
             # them as this window's streams are taken, so no window waits for a first byte.
             following = build_window(
                 plan.sequence, plan.shape, plan.options, self._stream, index + 1
             )
             self._ahead = (index + 1, following)
-        self._announce(window, start - window.start)
+        self._announce(window, start, stop)
+        self._position = start  # announced from here on: not a jump
         return window
 
-    def _announce(self, window: Window, offset: int) -> None:
-        """Announce the pieces this window opens from ``offset`` on, then the next window's.
+    def _announce(self, window: Window, start: int, stop: int) -> None:
+        """Announce the pieces this window opens from stream position ``start`` on, then the
+        next window's; a shared stream's, only those of the slice ``[start, stop)``.
 
         Read from its start, a window opens each piece at its first sample. A slice that starts
         elsewhere (a resume, or an epoch's last steps, which workers share) opens a piece at
         the first sample it reads of it: that exact range is announced, or an object store
-        would make each such open wait for a first byte in turn. Local shards need none.
+        would make each such open wait for a first byte in turn. Where other workers read a
+        stream in between (``shared``), where they leave its runs is not known yet: ranges
+        announced past the slice would be fetched and dropped. Local shards need none.
         """
         if not self._reader.announces:
             return
+        offset = start - window.start
+        end = min(stop, window.start + window.num_samples) - window.start if self._shared else None
         pieces, expected = self._pieces, self._next
         announced = [
             (run.shard, run.first + ordinal, run.stop)
-            for label, run, ordinal in _runs_from(window, offset)
-            if pieces[label] is None or expected[label] != ordinal  # not already open there
+            for label, run, ordinal in _runs_from(window, offset, end)
+            if pieces[label] is None or not _reachable(expected[label], ordinal)
         ]
         if self._ahead is not None:
             announced += [(run.shard, run.first + ordinal, run.stop)
@@ -106,8 +125,11 @@ class StreamCursor:
         pieces, expected, fillers = self._pieces, self._next, self._fillers
         for label, ordinal in zip(self._labels[first:end], self._ordinals[first:end], strict=True):
             piece = pieces[label]
-            if piece is None or expected[label] != ordinal:
+            if piece is None or not _reachable(expected[label], ordinal):
                 piece = self._open(window, label, ordinal)
+            elif ordinal > expected[label]:  # samples another worker read: passed over
+                for _ in range(ordinal - expected[label]):
+                    next(piece)
             expected[label] = ordinal + 1
             sample = next(piece)
             if fillers is not None and sample is not None:  # None: skipped (on_error="skip")
@@ -137,13 +159,20 @@ class StreamCursor:
         self._reader.forget(self)
 
 
-def _runs_from(window: Window, offset: int) -> list[tuple[int, Run, int]]:
-    """``(label, run, ordinal)`` of each run read from position ``offset`` of the window on,
-    in the order of their first samples there, with the ordinal of that first sample."""
-    labels = window.labels[offset:]
+def _reachable(expected: int, ordinal: int) -> bool:
+    """True when an open piece that yields ``expected`` next can give ``ordinal``: there, or
+    a few samples on."""
+    return expected <= ordinal <= expected + _MAX_SKIP
+
+
+def _runs_from(window: Window, offset: int, end: int | None = None) -> list[tuple[int, Run, int]]:
+    """``(label, run, ordinal)`` of each run read at positions ``[offset, end)`` of the window
+    (to its end when ``end`` is None), in the order of their first samples there, with the
+    ordinal of that first sample."""
+    labels = window.labels[offset:end]
     found, first = np.unique(labels, return_index=True)
     order = np.argsort(first, kind="stable")
-    ordinals = window.ordinals[offset:][first[order]].tolist()
+    ordinals = window.ordinals[offset:end][first[order]].tolist()
     return [(label, window.runs[label], ordinal)
             for label, ordinal in zip(found[order].tolist(), ordinals, strict=True)]  # fmt: skip
 

@@ -185,14 +185,20 @@ def _step_samples(
     """The raw samples of each step this worker serves, in order (its cursors closed at the end)."""
     plan = job.plan
     cursors: dict[tuple[int, int], StreamCursor] = {}
+    # A worker meets its own streams in its first steps; a stream met later is one whose
+    # last steps it shares with other workers (see planning.schedule).
+    own_steps = -(-plan.layout.num_workers // job.num_workers)
+    steps = steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks)
     try:
-        for _, reads in steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks):
+        for served, (_, reads) in enumerate(steps):
             samples: list[Any] = []
             for read in reads:
                 cursor = cursors.get((read.rank, read.phase))
                 if cursor is None:
                     stream = StreamId(plan.epoch, plan.pass_index, read.rank, read.phase)
-                    cursor = cursors[(read.rank, read.phase)] = StreamCursor(plan, stream, reader)
+                    shared = served >= own_steps
+                    cursor = StreamCursor(plan, stream, reader, shared)
+                    cursors[(read.rank, read.phase)] = cursor
                 samples.extend(cursor.read(read.start, read.stop))
             yield samples
     finally:

@@ -41,13 +41,13 @@ class RecordingReader:
         self.announced = []
 
 
-def _cursor() -> tuple[StreamCursor, RecordingReader, int]:
+def _cursor(shared: bool = False) -> tuple[StreamCursor, RecordingReader, int]:
     options = PlanOptions(seed=0, chunk_size=REMOTE.chunk_size, num_open=REMOTE.num_open,
                           piece_size=REMOTE.piece_size, block_size=REMOTE.block_size)  # fmt: skip
     sequence = epoch_sequence(np.full(40, 1000), 0, 0, options)
     plan = PassPlan(sequence, Shape.of(sequence.length, Layout(1, 1, 64), options), options, 0, 0)
     reader = RecordingReader()
-    cursor = StreamCursor(plan, StreamId(0, 0, 0, 0), reader)  # type: ignore[arg-type]
+    cursor = StreamCursor(plan, StreamId(0, 0, 0, 0), reader, shared)  # type: ignore[arg-type]
     return cursor, reader, REMOTE.num_open * REMOTE.piece_size
 
 
@@ -91,3 +91,66 @@ def test_local_shards_announce_nothing() -> None:
     reader.prefetch = lambda pieces, group: calls.append(pieces)  # type: ignore[method-assign]
     assert len(list(cursor.read(100, 400))) == 300
     assert calls == [] and reader.opened
+
+
+def _turns(shared: StreamCursor, own: StreamCursor, first: int, steps: int) -> list[object]:
+    """Samples of ``steps`` steps of 64 from ``first``, the two cursors taking turns (as
+    workers do at an epoch's end)."""
+    got: list[object] = []
+    for step in range(steps):
+        cursor = (shared, own)[step % 2]
+        start = first + 64 * step
+        got += list(cursor.read(start, start + 64))
+    return got
+
+
+def test_turns_at_a_shared_stream_move_open_runs_forward_instead_of_opening_them_again() -> None:
+    own, own_reader, _ = _cursor()
+    expected = list(own.read(0, 64 * 40))
+    own, own_reader, _ = _cursor()
+    shared, shared_reader, _ = _cursor(shared=True)
+    got = list(own.read(0, 64 * 20)) + _turns(shared, own, 64 * 20, 20)
+    assert got == expected, "every position read once, by one cursor or the other"
+    own_runs = {(shard, stop) for shard, _, stop in own_reader.opened}
+    shared_runs = {(shard, stop) for shard, _, stop in shared_reader.opened}
+    assert len(own_reader.opened) == len(own_runs), "a run the other cursor read in is reopened"
+    assert len(shared_reader.opened) == len(shared_runs)
+
+
+def test_a_shared_stream_announces_only_what_its_slice_opens() -> None:
+    own, _, _ = _cursor()
+    shared, reader, _ = _cursor(shared=True)
+    list(own.read(0, 64 * 20))
+    for step in range(20, 40, 2):  # the other steps are another worker's
+        before = len(reader.opened)
+        list(shared.read(64 * step, 64 * (step + 1)))
+        opened = set(reader.opened[before:])
+        assert set(reader.announced) == opened, "ranges announced past the slice are wasted"
+
+
+def test_a_worker_shares_only_the_streams_it_meets_after_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two workers, two streams of unequal length: each reads its own stream front to back,
+    and the longer stream's last steps, which both serve, are a shared cursor's."""
+    from shardstream.streaming.worker import pipeline
+
+    made: list[tuple[int, bool]] = []
+
+    class Recorded(StreamCursor):
+        def __init__(self, plan, stream, reader, shared=False):  # type: ignore[no-untyped-def]
+            made.append((stream.phase, shared))
+            super().__init__(plan, stream, reader, shared)
+
+    monkeypatch.setattr(pipeline, "StreamCursor", Recorded)
+    options = PlanOptions(seed=0, chunk_size=2 * 640, num_open=8, piece_size=640, block_size=640)
+    sequence = epoch_sequence(np.full(11, 1000), 0, 0, options)
+    plan = PassPlan(sequence, Shape.of(sequence.length, Layout(1, 2, 64), options), options, 0, 0)
+    assert plan.shape.stream_batches.tolist() == [90, 82]  # 8 steps at the end: stream 0's
+    read = []
+    for worker in (0, 1):
+        job = pipeline.StepJob(plan, range(1), worker, 2)
+        for samples in pipeline._step_samples(job, RecordingReader(), pipeline.WorkerStats()):  # type: ignore[arg-type]
+            read += samples
+    assert sorted(read) == sorted(set(read)) and len(read) == 11_000
+    assert made == [(0, False), (1, False), (0, True)]
