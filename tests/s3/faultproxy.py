@@ -42,6 +42,13 @@ _SEND_PIECE = 64 * 2**10
 
 
 @dataclasses.dataclass
+
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    # The default backlog of 5 drops connections a loader opens at once; each dropped SYN waits
+    # 1 s for a retransmit, a stall no real store makes a client wait.
+    request_queue_size = 128
+
 class Rule:
     """One fault. ``nth``: the first matching request it applies to (1-based); ``times``: how
     many consecutive matching requests from there on (``0`` = all of them)."""
@@ -90,8 +97,7 @@ class FaultProxy:
             def handle(self) -> None:
                 proxy._serve_connection(self.request)
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

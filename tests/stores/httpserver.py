@@ -33,7 +33,7 @@ class RangeServer:
         class Handler(_Handler):
             owner = server
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -60,6 +60,13 @@ class RangeServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # socketserver's default backlog of 5 drops the connections a loader opens at once (dozens
+    # of ranged GETs in flight): each dropped SYN waits for a retransmit, 1 s and then 3 s, which
+    # web servers (nginx: 511) never make a client wait.
+    request_queue_size = 128
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
