@@ -41,14 +41,14 @@ _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length
 _SEND_PIECE = 64 * 2**10
 
 
-@dataclasses.dataclass
-
 class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     # The default backlog of 5 drops connections a loader opens at once; each dropped SYN waits
     # 1 s for a retransmit, a stall no real store makes a client wait.
     request_queue_size = 128
 
+
+@dataclasses.dataclass
 class Rule:
     """One fault. ``nth``: the first matching request it applies to (1-based); ``times``: how
     many consecutive matching requests from there on (``0`` = all of them)."""

@@ -3,6 +3,7 @@ indexes read once per shard across epochs, the command line."""
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 from typing import Any
 
@@ -151,7 +152,7 @@ def test_announced_pieces_are_one_get_each_unless_long(
     url = any_store.put(folder, f"whole-{tmp_path.name}")
     store = Store(url, any_store.options, ReadOptions(prefetch_bytes=sum(sizes)))
     bounds = [sum(sizes[:n]) for n in range(len(sizes) + 1)]
-    ranges = [("shard.tar", a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    ranges = [("shard.tar", a, b) for a, b in itertools.pairwise(bounds)]
     any_store.proxy.clear()
     store.prefetch(ranges, "group")
     pieces = []

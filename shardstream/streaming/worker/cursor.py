@@ -125,10 +125,11 @@ class StreamCursor:
         pieces, expected, fillers = self._pieces, self._next, self._fillers
         for label, ordinal in zip(self._labels[first:end], self._ordinals[first:end], strict=True):
             piece = pieces[label]
-            if piece is None or not _reachable(expected[label], ordinal):
+            gap = ordinal - expected[label]  # 0: the open piece yields this sample next
+            if piece is None or not 0 <= gap <= _MAX_SKIP:
                 piece = self._open(window, label, ordinal)
-            elif ordinal > expected[label]:  # samples another worker read: passed over
-                for _ in range(ordinal - expected[label]):
+            elif gap:  # samples another worker read: passed over
+                for _ in range(gap):
                     next(piece)
             expected[label] = ordinal + 1
             sample = next(piece)
