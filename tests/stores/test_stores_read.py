@@ -116,22 +116,11 @@ def test_requests_in_flight_follow_the_first_byte_latency(
     monkeypatch.setattr(prefetch, "_pool", ProcessLocal(lambda: prefetch.FetchPool(1)))
     monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
     piece, count = 128 << 10, 48
-    folder = tmp_path / "blob"
-    folder.mkdir()
-    blob = bytes(range(256)) * (piece * count // 256)
-    (folder / "shard.tar").write_bytes(blob)
-    url = any_store.put(folder, f"latency-{tmp_path.name}")
-    any_store.proxy.delay_s = 0.05
     options = ReadOptions(min_requests=2, max_requests=12, prefetch_bytes=piece * count)
-    store = Store(url, any_store.options, options)
+    store, blob = _one_blob(any_store, tmp_path, piece * count, options)
+    any_store.proxy.delay_s = 0.05
     ranges = [("shard.tar", n * piece, (n + 1) * piece) for n in range(count)]
-    store.prefetch(ranges, "group")
-    pieces = []
-    for name, start, end in ranges:
-        with store.open_read(name, start, end) as stream:
-            pieces.append(stream.read())
-    hints.forget("group")
-    assert b"".join(pieces) == blob
+    assert _announced_then_read(store, ranges) == blob
     pool = prefetch.shared_pool(1)
     assert pool.gauge.num_measured > 0 and pool.gauge.first_byte_s >= 0.05
     assert pool.wanted_threads == 12, "a 50 ms first byte calls for the most requests"
@@ -144,21 +133,33 @@ def test_announced_pieces_are_one_get_each_unless_long(
     """A piece announced ahead is fetched by one GET up to 4 MiB (a split would halve the mean
     request on small shards); a longer one opens with a short GET and fetches the rest after."""
     monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
-    folder = tmp_path / "blob"
-    folder.mkdir()
     sizes = [3 << 19, 4 << 20, 5 << 20]  # 1.5 MiB, the longest one-GET piece, a long one
-    blob = bytes(range(256)) * (sum(sizes) // 256)
-    (folder / "shard.tar").write_bytes(blob)
-    url = any_store.put(folder, f"whole-{tmp_path.name}")
-    store = Store(url, any_store.options, ReadOptions(prefetch_bytes=sum(sizes)))
+    store, blob = _one_blob(any_store, tmp_path, sum(sizes), ReadOptions(prefetch_bytes=sum(sizes)))
     bounds = [sum(sizes[:n]) for n in range(len(sizes) + 1)]
     ranges = [("shard.tar", a, b) for a, b in itertools.pairwise(bounds)]
     any_store.proxy.clear()
+    assert _announced_then_read(store, ranges) == blob
+    assert any_store.proxy.count("GET", "shard.tar") == 1 + 1 + 2
+
+
+def _one_blob(
+    store: StoreUnderTest, tmp_path: pathlib.Path, num_bytes: int, options: ReadOptions
+) -> tuple[Store, bytes]:
+    """A ``shard.tar`` of ``num_bytes`` patterned bytes on ``store``, opened with ``options``."""
+    folder = tmp_path / "blob"
+    folder.mkdir()
+    blob = bytes(range(256)) * (num_bytes // 256)
+    (folder / "shard.tar").write_bytes(blob)
+    url = store.put(folder, f"blob-{tmp_path.name}")
+    return Store(url, store.options, options), blob
+
+
+def _announced_then_read(store: Store, ranges: list[tuple[str, int, int]]) -> bytes:
+    """Announce ``ranges``, then open and read each in turn; their bytes joined."""
     store.prefetch(ranges, "group")
     pieces = []
     for name, start, end in ranges:
         with store.open_read(name, start, end) as stream:
             pieces.append(stream.read())
     hints.forget("group")
-    assert b"".join(pieces) == blob
-    assert any_store.proxy.count("GET", "shard.tar") == 1 + 1 + 2
+    return b"".join(pieces)
