@@ -61,9 +61,9 @@ class StreamCursor:
             window = self._window
             if window is None or not window.start <= start < window.start + window.num_samples:
                 window = self._load(self._lanes.window_at(start), start, stop)
-            end = min(stop, window.start + window.num_samples)
-            if start != self._position:  # a jump within the window
+            elif start != self._position:  # a jump within the window
                 self._announce(window, start, stop)
+            end = min(stop, window.start + window.num_samples)
             self._position = -1  # until the slice is read whole
             yield from self._emit(window, start - window.start, end - window.start)
             self._position = start = end
@@ -90,7 +90,6 @@ class StreamCursor:
             )
             self._ahead = (index + 1, following)
         self._announce(window, start, stop)
-        self._position = start  # announced from here on: not a jump
         return window
 
     def _announce(self, window: Window, start: int, stop: int) -> None:
@@ -106,13 +105,12 @@ class StreamCursor:
         """
         if not self._reader.announces:
             return
-        offset = start - window.start
-        end = min(stop, window.start + window.num_samples) - window.start if self._shared else None
+        end = stop - window.start if self._shared else None
         pieces, expected = self._pieces, self._next
         announced = [
             (run.shard, run.first + ordinal, run.stop)
-            for label, run, ordinal in _runs_from(window, offset, end)
-            if pieces[label] is None or not _reachable(expected[label], ordinal)
+            for label, run, ordinal in _runs_from(window, start - window.start, end)
+            if pieces[label] is None or not 0 <= ordinal - expected[label] <= _MAX_SKIP
         ]
         if self._ahead is not None:
             announced += [(run.shard, run.first + ordinal, run.stop)
@@ -158,12 +156,6 @@ class StreamCursor:
         self._close_pieces()
         self._ahead = None
         self._reader.forget(self)
-
-
-def _reachable(expected: int, ordinal: int) -> bool:
-    """True when an open piece that yields ``expected`` next can give ``ordinal``: there, or
-    a few samples on."""
-    return expected <= ordinal <= expected + _MAX_SKIP
 
 
 def _runs_from(window: Window, offset: int, end: int | None = None) -> list[tuple[int, Run, int]]:

@@ -105,8 +105,8 @@ def _turns(shared: StreamCursor, own: StreamCursor, first: int, steps: int) -> l
 
 
 def test_turns_at_a_shared_stream_move_open_runs_forward_instead_of_opening_them_again() -> None:
-    own, own_reader, _ = _cursor()
-    expected = list(own.read(0, 64 * 40))
+    reference, _, _ = _cursor()
+    expected = list(reference.read(0, 64 * 40))
     own, own_reader, _ = _cursor()
     shared, shared_reader, _ = _cursor(shared=True)
     got = list(own.read(0, 64 * 20)) + _turns(shared, own, 64 * 20, 20)
