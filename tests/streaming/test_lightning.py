@@ -21,18 +21,18 @@ import pytest
 import torch
 
 from shardstream import ResumeAudit
+from tests.scripts import run_script
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "05_lightning.py"
 
 
-def _run(tmp_path: pathlib.Path, out: str, *extra: str, status: int = 0) -> subprocess.Popen:
+def _run(
+    tmp_path: pathlib.Path, out: str, *extra: str, status: int = 0
+) -> subprocess.CompletedProcess:
     (tmp_path / out).mkdir()
     command = [sys.executable, str(SCRIPT), "--data", str(tmp_path / "data")]
     command += ["--out", str(tmp_path / out), "--audit", str(tmp_path / f"audit-{out}"), *extra]
-    done = subprocess.run(
-        command, cwd=tmp_path, capture_output=True, text=True, timeout=280,
-        start_new_session=True,  # the kill takes the script's process group, not pytest
-    )  # fmt: skip
+    done = run_script(command, timeout=280, cwd=tmp_path)  # the kill takes the script's group
     assert done.returncode == status, done.stderr[-4000:]
     return done
 
