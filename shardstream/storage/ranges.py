@@ -5,7 +5,7 @@ it for byte ranges of shards; the store's backend decides how they are delivered
 what object stores do: every range is a stream of ranged requests (retried, resumed at the
 byte reached), announced ranges are fetched ahead by the process's fetch pool and handed over
 when opened, and nothing is kept between ranges. Local files
-(:class:`~shardstream.storage.backends.local.LocalRanges`) add slices of whole-file memory
+(:class:`~shardstream.storage.backends.localranges.LocalRanges`) add slices of whole-file memory
 maps and handles kept open between pieces.
 """
 

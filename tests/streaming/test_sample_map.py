@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 from shardstream.format.tarfast import parse_plain_sample
 from shardstream.storage import Store
 from shardstream.storage.backends import localmaps
-from shardstream.storage.backends.local import LocalRanges
 from shardstream.storage.backends.localmaps import WindowMaps
+from shardstream.storage.backends.localranges import LocalRanges
 from shardstream.streaming import StreamingDataset, StreamOptions
 from shardstream.streaming.worker import pieces
 from shardstream.streaming.worker.pieces import open_piece

@@ -19,7 +19,7 @@ from shardstream.format.tarfast import read_plain_sample
 from shardstream.format.tarheader import byte_sum
 from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
-from shardstream.storage.backends.local import LocalRanges
+from shardstream.storage.backends.localranges import LocalRanges
 from shardstream.streaming.worker.indexes import OffsetIndex
 from shardstream.streaming.worker.pieces import open_piece
 from tests.streaming.shards import sample_offsets, tiny_jpeg

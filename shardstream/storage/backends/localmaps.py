@@ -12,9 +12,9 @@ kernel under pressure), but they count in the process's resident size while mapp
 
 Maps are copy-on-write, so samples are writable views (``torch.frombuffer`` needs no copy) and
 a write changes only this process's copy of a page. A reader keeps its maps for one pass only
-(:class:`~shardstream.storage.backends.local.LocalRanges` clears them when it closes): within a
-pass every sample is read once, so a sample a training loop wrote into is never read again from
-the same map. A file truncated in place while mapped: see README, *Streaming* (SIGBUS).
+(:class:`~shardstream.storage.backends.localranges.LocalRanges` clears them when it closes):
+within a pass every sample is read once, so a sample a training loop wrote into is never read
+again from the same map. A file truncated in place while mapped: see README, *Streaming* (SIGBUS).
 """
 
 from __future__ import annotations
