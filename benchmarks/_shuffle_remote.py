@@ -5,7 +5,9 @@ The shards are served by the project's Range-capable HTTP/1.1 server
 ``http://`` URLs with shardstream's defaults, so the loader picks its remote order by itself.
 The server logs every request it answers (method, path, ``Range``); the bytes of each shard GET
 are what the server sent for it (its range, cut at the shard's end), so the mean request size
-is measured, not taken from the plan.
+is measured, not taken from the plan. The cached row keeps whole shards in a local cache folder
+(``ReadOptions(cache_dir=...)``, empty at the start of each run: the epoch measured is the one
+that downloads them), so the loader picks the local order.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import dataclasses
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +31,10 @@ _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 ROWS = {
     "shardstream, remote (HTTP server), defaults": {},
     "shardstream, remote (HTTP server), 4 ranks x 2 workers": {"world": 4},
+    "shardstream, remote (HTTP server), 4 ranks x 2 workers, shards cached": {
+        "world": 4,
+        "cached": True,
+    },
 }
 
 
@@ -66,8 +73,14 @@ def remote_runs(run: Callable[..., PeerRun], root: Path, seed: int,
     names = [name for name in ROWS if wanted(name)]
     if not names:
         return
+    from shardstream.storage import ReadOptions
+
     with served(root) as server:
         for name in names:
             server.clear()
-            found = run(name, f"{server.url}/shardstream", seed, **ROWS[name])
+            options = dict(ROWS[name])
+            with tempfile.TemporaryDirectory(prefix="shuffle-cache-") as cache:
+                if options.pop("cached", False):
+                    options["read_options"] = ReadOptions(cache_dir=cache)
+                found = run(name, f"{server.url}/shardstream", seed, **options)
             yield dataclasses.replace(found, requests=answered(server, root))

@@ -18,7 +18,8 @@ class DatasetFacts:
 
     Attributes:
         indexed: Every shard has a per-sample byte index (pieces can start anywhere).
-        local: Every shard is on a local file system (no request per read).
+        local: Every shard is on a local file system, or kept whole in a local cache that
+            holds all of the remote ones (``ReadOptions(cache_dir=...)``): no request per read.
         mean_sample_bytes: Average bytes per sample (shard bytes / samples), 0 if unknown.
         mean_shard_bytes: Average bytes per shard, 0 if unknown.
     """

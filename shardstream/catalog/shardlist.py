@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -105,7 +106,8 @@ class ShardList:
         )
         samples = sum(table.total_samples for table in counted)
         num_bytes = sum(table.total_bytes for table in counted)
-        local = all(source.shards.is_local for source in self.sources)
+        remote = [source for source in self.sources if not source.shards.is_local]
+        local = not remote or _fits_caches(remote)
         shards = sum(len(table) for table in counted)
         return DatasetFacts(indexed, local, num_bytes / samples if samples else 0.0,
                             num_bytes / shards if shards else 0.0)  # fmt: skip
@@ -276,3 +278,18 @@ def _list_folder(store: Store) -> tuple[Store, ShardList, None]:
     if not names:
         raise ConfigError(f"{store.shown()}: holds no .tar, .tar.gz or .tgz shards")
     return store, ShardList([ShardSource(store, store, NameColumn.of(names))]), None
+
+
+def _fits_caches(remote: Sequence[ShardSource]) -> bool:
+    """Whether every remote source keeps whole shards in a local cache (``cache_dir``) that
+    holds all of their shards: read from there, a piece costs no request."""
+    options = [source.shards.read_options for source in remote]
+    if not all(option.cache_dir for option in options):
+        return False
+    limits = [option.cache_max_bytes for option in options if option.cache_max_bytes is not None]
+    if not limits:
+        return True
+    tables = [source.table for source in remote]
+    if not all(isinstance(table, ShardTable) and table.total_bytes for table in tables):
+        return False  # sizes unknown: they may not fit
+    return sum(cast(ShardTable, table).total_bytes for table in tables) <= min(limits)

@@ -91,7 +91,13 @@ class Backend:
         reading.prefetch_remote(self, fs, items, store.secrets, store.read_options, group)
 
     def ranges(self, store: StoreLike, max_idle: int, max_map_bytes: int) -> Any:
-        """A reader's :class:`~shardstream.storage.ranges.Ranges` of ``store``'s files."""
+        """A reader's :class:`~shardstream.storage.ranges.Ranges` of ``store``'s files: with a
+        ``cache_dir``, whole shards cached and read as local files
+        (:class:`~.cached.CachedRanges`)."""
+        if store.read_options.cache_dir:
+            from shardstream.storage.backends.cached import CachedRanges
+
+            return CachedRanges(store, max_idle, max_map_bytes)
         return Ranges(store)
 
     def read_mapped(self, store: StoreLike, name: str) -> Any:

@@ -114,7 +114,8 @@ def choose_order(
     Smaller chunks mix more evenly, and a batch holds samples from about ``min(batch,
     num_open)`` places; what a read costs sets the floor (README, *Shuffle quality*, has the
     measurements): :data:`WHOLE_SHARD_ORDER` without an index, :data:`LOCAL_ORDER` for local
-    indexed shards, and for remote ones pieces of at least ``REMOTE_PIECE_BYTES`` (more in
+    indexed shards (``facts.local``: also remote ones that a local cache holds whole), and for
+    remote ones pieces of at least ``REMOTE_PIECE_BYTES`` (more in
     short shards, see :func:`remote_piece_bytes`), a multiple of ``batch_size`` (the units
     dealt to worker streams are whole batches, and a unit longer than its piece would cut
     pieces at chunk ends: two reads), chunks of two pieces, and as many lanes as
