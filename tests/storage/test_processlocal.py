@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
+import threading
 from typing import Any
 
 import pytest
@@ -38,3 +40,32 @@ def test_another_process_makes_its_own_value(method: str) -> None:
     process.join(timeout=120)
     assert (peeked, made) == (None, pid) and pid != os.getpid()
     assert holder.local.get() == os.getpid()  # the parent's value is untouched
+
+
+def test_a_fork_while_another_thread_makes_the_value_leaves_the_child_free() -> None:
+    """A thread in the middle of making the value holds the lock at the fork; that thread does
+    not exist in the child, whose first ``get`` must not wait for it (a DataLoader worker forked
+    while a fetch thread took its receive buffers)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def make() -> object:
+        if not entered.is_set():  # the parent's thread: waits inside make, holding the lock
+            entered.set()
+            release.wait(30)
+        return object()
+
+    local: ProcessLocal[object] = ProcessLocal(make)
+    thread = threading.Thread(target=local.get)
+    thread.start()
+    try:
+        assert entered.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: SIGALRM ends it if get() waits
+            signal.alarm(10)
+            local.get()
+            os._exit(0)
+    finally:
+        release.set()
+        thread.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for a lock nobody holds"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from shardstream.storage.processlocal import ProcessLocal
+from shardstream.storage.processlocal import ProcessLocal, ProcessLock
 from shardstream.storage.remote.buffers import read_body
 
 __all__ = ["PresignedGets", "SyncS3Body", "sync_client"]
@@ -29,7 +29,7 @@ _clients: ProcessLocal[dict[tuple[int, float, int], Any]] = ProcessLocal(dict)
 #: JSON), so a DataLoader worker forked after the parent made a client starts its own in ~15 ms
 #: instead of ~80 ms (much more on a busy machine). Clients (connection pools) stay per process.
 _sessions: dict[str, Any] = {}
-_lock = threading.Lock()
+_lock = ProcessLock()  # a fork while a thread makes a client leaves the child's unlocked
 
 
 def _can_mirror(fs: Any) -> bool:

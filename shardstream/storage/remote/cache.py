@@ -16,11 +16,12 @@ import contextlib
 import hashlib
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import IO
+
+from shardstream.storage.processlocal import ProcessLock
 
 try:
     import fcntl
@@ -35,8 +36,9 @@ _SUFFIX = ".shard"
 #: Temporary files older than this were left by a killed process and may be removed.
 _STALE_TEMP_S = 3600.0
 _LOCK_SUFFIX = ".lock"
-_THREAD_LOCKS: dict[str, threading.Lock] = {}
-_THREAD_LOCKS_GUARD = threading.Lock()
+#: Per entry, held through its download: a forked child finds them unlocked.
+_THREAD_LOCKS: dict[str, ProcessLock] = {}
+_THREAD_LOCKS_GUARD = ProcessLock()
 
 
 class ShardCache:
@@ -83,7 +85,7 @@ class ShardCache:
         fetching the shard. The lock files are empty and stay next to the entries.
         """
         with _THREAD_LOCKS_GUARD:
-            thread_lock = _THREAD_LOCKS.setdefault(path, threading.Lock())
+            thread_lock = _THREAD_LOCKS.setdefault(path, ProcessLock())
         with thread_lock:
             if fcntl is None:
                 yield
