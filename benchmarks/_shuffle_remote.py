@@ -6,8 +6,9 @@ The shards are served by the project's Range-capable HTTP/1.1 server
 The server logs every request it answers (method, path, ``Range``); the bytes of each shard GET
 are what the server sent for it (its range, cut at the shard's end), so the mean request size
 is measured, not taken from the plan. The cached row keeps whole shards in a local cache folder
-(``ReadOptions(cache_dir=...)``, empty at the start of each run: the epoch measured is the one
-that downloads them), so the loader picks the local order.
+(``ReadOptions(cache_dir=..., cache_max_bytes=...)``, the limit holding the dataset; empty at
+the start of each run: the epoch measured is the one that downloads them), so the loader picks
+the local order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from _peer_runs import PeerRun
 
 from tests.stores.httpserver import RangeServer
 
+#: The cached row's cache limit: holds the benchmark's 395 MB (the local order needs a limit).
+CACHE_BYTES = 4 << 30
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
 #: Remote rows: name and the loader's options (2 workers each, as every row).
 ROWS = {
@@ -81,6 +84,7 @@ def remote_runs(run: Callable[..., PeerRun], root: Path, seed: int,
             options = dict(ROWS[name])
             with tempfile.TemporaryDirectory(prefix="shuffle-cache-") as cache:
                 if options.pop("cached", False):
-                    options["read_options"] = ReadOptions(cache_dir=cache)
+                    read = ReadOptions(cache_dir=cache, cache_max_bytes=CACHE_BYTES)
+                    options["read_options"] = read
                 found = run(name, f"{server.url}/shardstream", seed, **options)
             yield dataclasses.replace(found, requests=answered(server, root))

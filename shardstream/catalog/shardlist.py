@@ -281,15 +281,15 @@ def _list_folder(store: Store) -> tuple[Store, ShardList, None]:
 
 
 def _fits_caches(remote: Sequence[ShardSource]) -> bool:
-    """Whether every remote source keeps whole shards in a local cache (``cache_dir``) that
-    holds all of their shards: read from there, a piece costs no request."""
+    """Whether every remote source keeps whole shards in a local cache (``cache_dir``) whose
+    ``cache_max_bytes`` holds all of their shards: read from there, a piece costs no request.
+    A cache without a limit is not taken to hold anything (the disk may be smaller than the
+    dataset), and every rank must decide alike, so free disk space is not asked."""
     options = [source.shards.read_options for source in remote]
-    if not all(option.cache_dir for option in options):
+    if not all(option.cache_dir and option.cache_max_bytes is not None for option in options):
         return False
-    limits = [option.cache_max_bytes for option in options if option.cache_max_bytes is not None]
-    if not limits:
-        return True
     tables = [source.table for source in remote]
     if not all(isinstance(table, ShardTable) and table.total_bytes for table in tables):
         return False  # sizes unknown: they may not fit
-    return sum(cast(ShardTable, table).total_bytes for table in tables) <= min(limits)
+    total = sum(cast(ShardTable, table).total_bytes for table in tables)
+    return total <= min(cast(int, option.cache_max_bytes) for option in options)

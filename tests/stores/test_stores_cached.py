@@ -22,6 +22,7 @@ NUM_SAMPLES, PER_SHARD = 120, 15  # 8 shards
 #: What a shard's download (not a stat) has in its request target: GCS stats are GETs too.
 DOWNLOAD = {"gcs": ".tar?alt=media"}
 FAST = ReadOptions(max_attempts=5, backoff_s=0.01, max_backoff_s=0.05, timeout_s=5.0)
+LIMIT = 1 << 30  # holds every test dataset
 
 
 def _published(store: StoreUnderTest, tmp_path: pathlib.Path) -> tuple[str, pathlib.Path]:
@@ -45,7 +46,8 @@ def test_a_dataset_that_fits_is_downloaded_once_and_read_in_the_local_order(
 ) -> None:
     url, folder = _published(any_store, tmp_path)
     local = _dataset(any_store, str(folder), FAST)
-    cached = _dataset(any_store, url, dataclasses.replace(FAST, cache_dir=str(tmp_path / "c")))
+    read = dataclasses.replace(FAST, cache_dir=str(tmp_path / "c"), cache_max_bytes=LIMIT)
+    cached = _dataset(any_store, url, read)
     assert cached.settings.order == local.settings.order == LOCAL_ORDER
     proxy, download = any_store.proxy, DOWNLOAD.get(any_store.name, ".tar")
     reset = proxy.add(method="GET", path_contains=download, nth=3, action="reset", after_bytes=2000)
@@ -62,7 +64,7 @@ def test_a_dataset_that_fits_is_downloaded_once_and_read_in_the_local_order(
     assert proxy.count("GET", download) == 0, "later epochs read the cache"
 
 
-def test_a_dataset_larger_than_the_cache_keeps_the_remote_order(
+def test_a_dataset_larger_than_the_cache_or_a_cache_without_limit_keeps_the_remote_order(
     any_store: StoreUnderTest, tmp_path: pathlib.Path
 ) -> None:
     url, folder = _published(any_store, tmp_path)
@@ -70,9 +72,11 @@ def test_a_dataset_larger_than_the_cache_keeps_the_remote_order(
     read = dataclasses.replace(FAST, cache_dir=str(tmp_path / "c"))
     fits = _dataset(any_store, url, dataclasses.replace(read, cache_max_bytes=size))
     larger = _dataset(any_store, url, dataclasses.replace(read, cache_max_bytes=size - 1))
+    unlimited = _dataset(any_store, url, read)  # no cache_max_bytes: the disk may not hold it
     plain = _dataset(any_store, url, FAST)
     assert fits.settings.order == LOCAL_ORDER
-    assert larger.settings.order == plain.settings.order != LOCAL_ORDER
+    assert larger.settings.order == unlimited.settings.order == plain.settings.order
+    assert plain.settings.order != LOCAL_ORDER
     assert sorted(_epoch(larger)) == sorted(_epoch(plain))
 
 
@@ -110,7 +114,7 @@ def test_resume_mid_epoch_from_the_cache(
     http_store: StoreUnderTest, tmp_path: pathlib.Path
 ) -> None:
     url, _ = _published(http_store, tmp_path)
-    read = dataclasses.replace(FAST, cache_dir=str(tmp_path / "c"))
+    read = dataclasses.replace(FAST, cache_dir=str(tmp_path / "c"), cache_max_bytes=LIMIT)
 
     def make() -> StreamingDataLoader:
         return StreamingDataLoader(_dataset(http_store, url, read), num_workers=2)
