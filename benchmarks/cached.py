@@ -9,14 +9,16 @@ epochs in one process (workers not persistent): once without a cache (the remote
 GETs), once with ``ReadOptions(cache_dir=..., cache_max_bytes=16 GiB)`` on a folder empty at
 the start (the dataset fits, so the local order; the first epoch downloads every shard whole,
 in the background as announced, the second reads the folder). samples/s per epoch, the first
-batch's wait, and the ratio of each cached epoch to the same epoch without the cache.
+batch's wait, and the ratio of each cached epoch to the same epoch without the cache; each the
+median of ``--repeat`` runs (a fresh cache folder each).
 
-Usage: python benchmarks/cached.py [--small 12000] [--images 2000] [--delay 30]
+Usage: python benchmarks/cached.py [--small 12000] [--images 2000] [--delay 30] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -54,6 +56,14 @@ def epochs(url: str, cache: str | None) -> list[tuple[float, float]]:
     return found
 
 
+def median_epochs(runs: list[list[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Each epoch's median samples/s and median first batch over the runs."""
+    return [
+        (statistics.median(rate for rate, _ in epoch), statistics.median(f for _, f in epoch))
+        for epoch in zip(*runs, strict=True)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", type=int, default=12000)
@@ -61,6 +71,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--jpeg-shard-mib", type=int, default=16)
     parser.add_argument("--delay", type=float, default=30.0, help="first-byte delay, ms")
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     root = build(args)
     began = time.perf_counter()
@@ -70,13 +81,17 @@ def main() -> None:
         with latency_proxy(server.url, args.delay) as proxy:
             for name in ("small", "jpeg"):
                 for label in ("no cache", "cache_dir"):
-                    with tempfile.TemporaryDirectory(prefix="cached-bench-") as folder:
-                        cache = folder if label == "cache_dir" else None
-                        rows.append((name, label, epochs(f"{proxy.endpoint_url}/{name}", cache)))
+                    runs = []
+                    for _ in range(args.repeat):
+                        with tempfile.TemporaryDirectory(prefix="cached-bench-") as folder:
+                            cache = folder if label == "cache_dir" else None
+                            runs.append(epochs(f"{proxy.endpoint_url}/{name}", cache))
+                    rows.append((name, label, median_epochs(runs)))
     finally:
         server.stop()
+    seconds = time.perf_counter() - began
     print(f"\nHTTP server behind {args.delay:g} ms of first-byte latency, raw, {WORKERS} workers,"
-          f" batch {BATCH}, {time.perf_counter() - began:.0f} s\n")  # fmt: skip
+          f" batch {BATCH}, median of {args.repeat}, {seconds:.0f} s\n")  # fmt: skip
     print(
         "| dataset | read | epoch 1 samples/s (first batch s) | epoch 2 samples/s (first "
         "batch s) | vs no cache, epochs 1 / 2 |"
