@@ -68,6 +68,9 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         return len(self.dataset) if total is None else total
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
+        # Processes that outlive the pass fetch the next pass's first pieces as this one ends.
+        ahead = self.num_workers == 0 or self.persistent_workers
+        self.dataset.control.inputs.channel.set_ahead(ahead)
         self._position.start_pass(self.num_workers)
         batches: Iterator[Any] = super().__iter__()
         if self._stats is not None:

@@ -162,6 +162,25 @@ def test_new_hints_replace_a_groups_old_ones_and_forget_closes() -> None:
     assert queue.take("x") is not None and queue.used_bytes == 0
 
 
+def test_a_range_announced_again_by_another_group_moves_to_it() -> None:
+    """The next pass's first pieces, announced as a pass ends, are taken over by the next
+    pass's readers: forgetting the old group closes only what the new one did not announce."""
+    queue, log = PrefetchQueue(budget_bytes=150), []
+    queue.hint("ending", [("a", 100, opener(log, "a")), ("b", 100, opener(log, "b"))])
+    assert log == ["a"], "b waits for room"
+    stream_a = queue._ready["a"][2]
+    queue.hint("next", [("a", 100, opener(log, "a2")), ("b", 100, opener(log, "b2"))])
+    assert log == ["a"], "neither is opened again"
+    queue.forget("ending")
+    assert not stream_a.closed
+    taken = queue.take("a")
+    assert taken is stream_a and taken.read() == b"a"
+    assert log == ["a", "b"], "b, moved to the new group, opens with the room a left"
+    queue.hint("ending", [("c", 10, opener(log, "c"))])
+    queue.forget("ending")
+    assert queue.take("c") is None and queue.take("b") is not None
+
+
 def test_one_range_larger_than_the_budget_still_opens() -> None:
     queue, log = PrefetchQueue(budget_bytes=10), []
     queue.hint("g", [("big", 1000, opener(log, "big")), ("next", 5, opener(log, "next"))])

@@ -54,13 +54,20 @@ class PrefetchQueue:
         """Announce ``(key, num_bytes, opener)`` ranges, soonest first, replacing ``group``'s.
 
         Ranges of the group that are open already and announced again are kept; the others
-        of the group are closed.
+        of the group are closed. A range another group announced (and has not opened) moves to
+        ``group``: the streams of a next pass announced while the last one ended are taken
+        over by the next pass's readers, and what they do not announce goes with the old group.
         """
         wanted = {key for key, _, _ in ranges}
         self.forget(group, keep=wanted)
         with self._lock:
             for key, size, opener in ranges:
-                if key not in self._ready and key not in self._pending:
+                if key in self._ready:
+                    _, held, stream = self._ready[key]
+                    self._ready[key] = (group, held, stream)
+                elif key in self._pending:
+                    self._pending[key] = (group, *self._pending[key][1:])
+                else:
                     self._pending[key] = (group, size, opener)
         self._start()
 

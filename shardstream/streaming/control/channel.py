@@ -37,7 +37,7 @@ __all__ = ["MAX_WORKERS", "EpochChannel"]
 
 #: Largest DataLoader ``num_workers`` supported (slots for every worker count up to it).
 MAX_WORKERS = 128
-_PINNED, _PIN_COUNT, _GENERATION, _LENGTH, _FIRST_SLOT = 0, 1, 2, 3, 4
+_PINNED, _PIN_COUNT, _GENERATION, _LENGTH, _AHEAD, _FIRST_SLOT = 0, 1, 2, 3, 4, 5
 _SLOT_INTS = 3  # passes started since the pin, directive generation taken, restore report
 _NUM_SLOTS = MAX_WORKERS * (MAX_WORKERS + 1) // 2
 _DIRECTIVE_BYTES = 1 << 16
@@ -104,6 +104,16 @@ class EpochChannel:
         self._ints[_PINNED] = epoch
         self._ints[_PIN_COUNT] += 1
         self._ints[_FIRST_SLOT::_SLOT_INTS] = 0
+
+    @property
+    def ahead(self) -> bool:
+        """Whether a process that finished a pass will read the next one (persistent workers,
+        or the training process itself): it may then announce the next pass's first pieces."""
+        return bool(self._ints[_AHEAD])
+
+    def set_ahead(self, ahead: bool) -> None:
+        """Say whether the processes that read passes outlive them (see :attr:`ahead`)."""
+        self._ints[_AHEAD] = int(ahead)
 
     def post(self, directive: PassState) -> None:
         """Make every worker's next pass read ``directive`` (the rest of an epoch, or one)."""

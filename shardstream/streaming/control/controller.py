@@ -27,6 +27,7 @@ from shardstream.streaming.control.resumestate import (
 from shardstream.streaming.control.run import WorkerJob
 from shardstream.streaming.control.workerpass import WorkerPass, start_pass
 from shardstream.streaming.decoding.decode import SampleConverter
+from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout, samples_per_rank
 from shardstream.streaming.worker.stageclock import StatsBoard
 
@@ -140,7 +141,17 @@ class PassControl:
             tag_streams=version.mixture is not None,
             convert=convert,
             board=board,
+            following=functools.partial(self._following, context, running),
         )
+
+    def _following(self, context: Context, running: WorkerPass) -> PassPlan | None:
+        """The pass this process reads after ``running`` if nothing changes meanwhile (the next
+        epoch, fresh, at this layout), when the process outlives the pass (see
+        :attr:`.channel.EpochChannel.ahead`); None otherwise, or without counts."""
+        if not self.inputs.counted or not self.inputs.channel.ahead:
+            return None
+        state = PassState(running.state.epoch + 1, dataset_version=self.inputs.fresh_version)
+        return self.inputs.plan(state, self.inputs.layout(context))
 
     def state_dict(self) -> dict[str, Any]:
         """This process's position: epoch, earlier passes, steps it served in this pass."""

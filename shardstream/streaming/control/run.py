@@ -12,7 +12,8 @@ import copy
 import dataclasses
 import functools
 import gc
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shardstream.catalog.shardlist import ShardList
@@ -20,16 +21,18 @@ from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import Context
 from shardstream.streaming.control.workerpass import WorkerPass
 from shardstream.streaming.decoding.decode import SampleConverter
-from shardstream.streaming.planning.schedule import plan_ranks
+from shardstream.streaming.planning.schedule import PassPlan, plan_ranks
 from shardstream.streaming.planning.wholeshardplan import plan_whole_shards
 from shardstream.streaming.settings import Settings
 from shardstream.streaming.worker import batch as batching
-from shardstream.streaming.worker.pipeline import Batcher, StepJob, run_steps
+from shardstream.streaming.worker.pipeline import Batcher, StepJob, announce_first_step, run_steps
 from shardstream.streaming.worker.reader import ShardReader
 from shardstream.streaming.worker.stageclock import StageClock, StatsBoard
 from shardstream.streaming.worker.wholeshardpass import run_whole_shards
 
 __all__ = ["WorkerJob", "run_pass"]
+
+logger = logging.getLogger("shardstream.streaming")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,8 @@ class WorkerJob:
         tag_streams: Tag samples with their stream (a mixture).
         convert: Decodes and transforms one sample (the dataset's; copied per pass).
         board: The statistics table, or None when statistics are off.
+        following: The pass this process reads next if nothing changes meanwhile, or None
+            (it does not outlive this one); its first pieces are announced as this one ends.
     """
 
     running: WorkerPass
@@ -53,6 +58,7 @@ class WorkerJob:
     tag_streams: bool
     convert: SampleConverter
     board: StatsBoard | None
+    following: Callable[[], PassPlan | None] = lambda: None
 
 
 def run_pass(job: WorkerJob) -> Iterator[Any]:
@@ -76,7 +82,47 @@ def run_pass(job: WorkerJob) -> Iterator[Any]:
     ranks = plan_ranks(running.plan.layout.world_size, context.world_size, context.rank)
     first = running.start + running.role + stats.batches * context.num_workers
     job_steps = StepJob(running.plan, ranks, first, context.num_workers)
-    return run_steps(job_steps, reader, batcher, stats)
+    return _then_next(run_steps(job_steps, reader, batcher, stats), job)
+
+
+def _then_next(items: Iterator[Any], job: WorkerJob) -> Iterator[Any]:
+    """``items``; once the pass has announced its first pieces (its first item), the previous
+    pass's announcements of them are dropped, and when it ends whole, the next pass's first
+    pieces are announced (an object store fetches them while the training loop finishes the
+    epoch, so the next one does not start with a request's latency)."""
+    started = False
+    for item in items:
+        yield item
+        if not started:
+            started = True
+            _drop_next()
+    _drop_next()
+    reader = ShardReader(job.shards, job.settings.read(job.tag_streams))
+    try:
+        plan = job.following() if reader.announces else None  # local shards: nothing to fetch
+        if plan is not None:
+            context = job.context
+            ranks = plan_ranks(plan.layout.world_size, context.world_size, context.rank)
+            steps = StepJob(plan, ranks, context.worker, context.num_workers)  # fresh: own turn
+            _announced.get().append((reader, announce_first_step(steps, reader)))
+            return
+    except Exception as error:  # the next pass meets the problem itself, and reports it
+        logger.debug("announcing the next pass failed: %s", error)
+    reader.close()
+
+
+def _drop_next() -> None:
+    """Drop what an earlier pass announced of this one that this one did not take over."""
+    announced = _announced.get()
+    while announced:
+        reader, cursors = announced.pop()
+        for cursor in cursors:
+            cursor.close()
+        reader.close()
+
+
+#: The next pass's announcements made as the last pass ended: (reader, cursors), this process's.
+_announced: ProcessLocal[list[tuple[ShardReader, list[Any]]]] = ProcessLocal(list)
 
 
 def _freeze_inherited_objects() -> bool:

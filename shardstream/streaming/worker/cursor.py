@@ -68,6 +68,11 @@ class StreamCursor:
             yield from self._emit(window, start - window.start, end - window.start)
             self._position = start = end
 
+    def announce(self, start: int, stop: int) -> None:
+        """Announce what :meth:`read` of ``[start, stop)`` would open first, without reading:
+        the window there, then the next (a pass not begun yet; see ``Ranges.announce``)."""
+        self._load(self._lanes.window_at(start), start, stop)
+
     def _load(self, index: int, start: int, stop: int) -> Window:
         self._close_pieces()
         plan = self._plan

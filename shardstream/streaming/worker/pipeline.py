@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 import weakref
@@ -30,7 +31,7 @@ from shardstream.streaming.worker.cursor import StreamCursor
 from shardstream.streaming.worker.reader import ShardReader, WorkerStats
 from shardstream.streaming.worker.stageclock import StageClock
 
-__all__ = ["Batcher", "StepJob", "run_batches", "run_steps"]
+__all__ = ["Batcher", "StepJob", "announce_first_step", "run_batches", "run_steps"]
 
 logger = logging.getLogger("shardstream.streaming")
 
@@ -177,6 +178,26 @@ def run_steps(
 ) -> Iterator[Any]:
     """Yield this worker's batches (or samples) of the pass, from ``job.first`` on."""
     return run_batches(_step_samples(job, reader, stats), reader, batcher, stats)
+
+
+def announce_first_step(job: StepJob, reader: ShardReader) -> list[StreamCursor]:
+    """Announce the pieces of ``job``'s first step (a pass to come) without reading them.
+
+    Returns the cursors that announced them (each one's group of announcements): close them
+    once the pass that reads them has announced its own, which takes over the same ranges.
+    """
+    if not reader.announces:
+        return []
+    plan = job.plan
+    steps = steps_of_worker(plan.shape, job.first, 0, job.num_workers, job.ranks)
+    cursors = []
+    for _, reads in itertools.islice(steps, 1):
+        for read in reads:
+            stream = StreamId(plan.epoch, plan.pass_index, read.rank, read.phase)
+            cursor = StreamCursor(plan, stream, reader, shared=True)  # its slice's pieces only
+            cursor.announce(read.start, read.stop)
+            cursors.append(cursor)
+    return cursors
 
 
 def _step_samples(
