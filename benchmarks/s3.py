@@ -117,19 +117,27 @@ def server_cpu(info: dict[str, str]) -> float:
 
 
 def loader_for(
-    dest: str, mode: str, workers: int, options: dict | None, persistent: bool = False
-) -> Any:
-    """A DataLoader over ``dest`` in ``mode`` (and its dataset, for ``set_epoch``)."""
+    dest: str, mode: str, workers: int, options: dict | None, persistent: bool = False,
+    streaming: bool = False,
+) -> Any:  # fmt: skip
+    """A DataLoader over ``dest`` in ``mode`` (and its dataset, for ``set_epoch``); with
+    ``streaming`` shardstream's ``StreamingDataLoader`` (whose persistent workers fetch the next
+    epoch's first pieces as an epoch ends), else torch's."""
     from torch.utils.data import DataLoader
 
-    from shardstream.streaming import StreamingDataset, StreamOptions
+    from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 
     dataset = StreamingDataset(
         dest, decode="raw" if mode == "raw" else "pil", transform=transform_for(mode),
         batch_size=BATCH, options=StreamOptions(storage_options=options),
     )  # fmt: skip
+    persistent = persistent and workers > 0
+    if streaming:
+        return dataset, StreamingDataLoader(
+            dataset, num_workers=workers, persistent_workers=persistent
+        )
     return dataset, DataLoader(dataset, batch_size=None, num_workers=workers,
-                               persistent_workers=persistent and workers > 0)  # fmt: skip
+                               persistent_workers=persistent)  # fmt: skip
 
 
 def compare(

