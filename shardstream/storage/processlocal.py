@@ -21,8 +21,9 @@ __all__ = ["ProcessLocal", "ProcessLock"]
 T = TypeVar("T")
 
 
-#: Every ProcessLock, to be unlocked in a forked child.
-_ALL: weakref.WeakSet[ProcessLock] = weakref.WeakSet()
+#: Every ProcessLock and ProcessLocal (each guards itself with ``_lock``), to be unlocked in a
+#: forked child.
+_ALL: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _unlock_in_child() -> None:
@@ -75,7 +76,8 @@ class ProcessLocal(Generic[T]):
         self._make = make
         self._pid: int | None = None
         self._value: T | None = None
-        self._lock = ProcessLock()
+        self._lock = threading.Lock()  # made anew in a forked child (see ProcessLock)
+        _ALL.add(self)
 
     def get(self) -> T:
         """The value of the calling process (made now if this process has none yet)."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage.processlocal import ProcessLocal
+from shardstream.storage.processlocal import ProcessLocal, ProcessLock
 
 
 class _Holder:
@@ -69,3 +69,27 @@ def test_a_fork_while_another_thread_makes_the_value_leaves_the_child_free() -> 
         thread.join(30)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the child waited for a lock nobody holds"
+
+
+def test_a_process_lock_held_at_a_fork_is_free_in_the_child() -> None:
+    lock, held, release = ProcessLock(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(10)
+            with lock:
+                os._exit(0)
+    finally:
+        release.set()
+        thread.join(30)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for the parent's thread"
