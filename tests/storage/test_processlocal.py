@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -42,54 +43,59 @@ def test_another_process_makes_its_own_value(method: str) -> None:
     assert holder.local.get() == os.getpid()  # the parent's value is untouched
 
 
-def test_a_fork_while_another_thread_makes_the_value_leaves_the_child_free() -> None:
-    """A thread in the middle of making the value holds the lock at the fork; that thread does
-    not exist in the child, whose first ``get`` must not wait for it (a DataLoader worker forked
-    while a fetch thread took its receive buffers)."""
-    entered, release = threading.Event(), threading.Event()
-
-    def make() -> object:
-        if not entered.is_set():  # the parent's thread: waits inside make, holding the lock
-            entered.set()
-            release.wait(30)
-        return object()
-
-    local: ProcessLocal[object] = ProcessLocal(make)
-    thread = threading.Thread(target=local.get)
+def _fork_while_held(hold: Callable[[threading.Event, threading.Event], None],
+                     in_child: Callable[[], None]) -> int:  # fmt: skip
+    """Fork while a thread runs ``hold(held, release)`` (it sets ``held``, then waits for
+    ``release`` holding a lock); the child's exit code after ``in_child()`` (SIGALRM: it hung)."""
+    held, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=hold, args=(held, release))
     thread.start()
     try:
-        assert entered.wait(10)
+        assert held.wait(10)
         pid = os.fork()
-        if pid == 0:  # the child: SIGALRM ends it if get() waits
+        if pid == 0:  # the child: SIGALRM ends it if in_child() waits
             signal.alarm(10)
-            local.get()
+            in_child()
             os._exit(0)
     finally:
         release.set()
         thread.join(30)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for a lock nobody holds"
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_fork_while_another_thread_makes_the_value_leaves_the_child_free() -> None:
+    """A thread in the middle of making the value holds the lock at the fork; that thread does
+    not exist in the child, whose first ``get`` must not wait for it (a DataLoader worker forked
+    while a fetch thread took its receive buffers)."""
+    events: dict[str, threading.Event] = {}
+
+    def make() -> object:
+        if events:  # the parent's thread: waits inside make, holding the lock
+            held, release = events.pop("held"), events.pop("release")
+            held.set()
+            release.wait(30)
+        return object()
+
+    local: ProcessLocal[object] = ProcessLocal(make)
+
+    def hold(held: threading.Event, release: threading.Event) -> None:
+        events.update(held=held, release=release)
+        local.get()
+
+    assert _fork_while_held(hold, local.get) == 0, "the child waited for a lock nobody holds"
 
 
 def test_a_process_lock_held_at_a_fork_is_free_in_the_child() -> None:
-    lock, held, release = ProcessLock(), threading.Event(), threading.Event()
+    lock = ProcessLock()
 
-    def hold() -> None:
+    def hold(held: threading.Event, release: threading.Event) -> None:
         with lock:
             held.set()
             release.wait(30)
 
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert held.wait(10)
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(10)
-            with lock:
-                os._exit(0)
-    finally:
-        release.set()
-        thread.join(30)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child waited for the parent's thread"
+    def take() -> None:
+        with lock:
+            pass
+
+    assert _fork_while_held(hold, take) == 0, "the child waited for the parent's thread"
