@@ -99,6 +99,11 @@ def train(
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(TinyModel(data, out, audit, kill_at), ckpt_path=resume)
+    # Leave together: Lightning destroys the process group at exit, rank by rank, and a rank
+    # that destroys it while another is still ending can hang (pytorch/pytorch#75097).
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def read_steps(out: pathlib.Path, rank: int) -> dict[int, list[str]]:
