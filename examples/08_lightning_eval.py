@@ -21,6 +21,7 @@ import sys
 import tempfile
 import warnings
 
+import torch.distributed
 from torchmetrics import SumMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -65,6 +66,9 @@ def validate(data: str, out: str) -> None:
     (result,) = trainer.validate(Evaluated(data))
     path = pathlib.Path(out, f"rank{trainer.global_rank}.json")
     path.write_text(json.dumps({name: float(value) for name, value in result.items()}))
+    if torch.distributed.is_initialized():  # leave together (see examples/05_lightning.py)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def main() -> None:
