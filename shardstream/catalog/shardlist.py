@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 
@@ -288,8 +287,9 @@ def _fits_caches(remote: Sequence[ShardSource]) -> bool:
     options = [source.shards.read_options for source in remote]
     if not all(option.cache_dir and option.cache_max_bytes is not None for option in options):
         return False
-    tables = [source.table for source in remote]
-    if not all(isinstance(table, ShardTable) and table.total_bytes for table in tables):
-        return False  # sizes unknown: they may not fit
-    total = sum(cast(ShardTable, table).total_bytes for table in tables)
-    return total <= min(cast(int, option.cache_max_bytes) for option in options)
+    total = 0
+    for source in remote:
+        if not isinstance(source.table, ShardTable) or not source.table.total_bytes:
+            return False  # sizes unknown: they may not fit
+        total += source.table.total_bytes
+    return total <= min(option.cache_max_bytes or 0 for option in options)

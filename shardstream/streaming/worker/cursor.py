@@ -69,8 +69,9 @@ class StreamCursor:
             self._position = start = end
 
     def announce(self, start: int, stop: int) -> None:
-        """Announce what :meth:`read` of ``[start, stop)`` would open first, without reading:
-        the window there, then the next (a pass not begun yet; see ``Ranges.announce``)."""
+        """Announce what :meth:`read` of ``[start, stop)`` would announce, without reading (a
+        pass not begun yet): the window's pieces from ``start`` and the next window's, or for
+        a ``shared`` cursor those of the slice alone."""
         self._load(self._lanes.window_at(start), start, stop)
 
     def _load(self, index: int, start: int, stop: int) -> Window:
