@@ -84,7 +84,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
     state records, the next epoch ``self.version`` (see
     :mod:`shardstream.streaming.control.versionset`). Under torch.distributed every rank reads
-    rank 0's version (making the dataset is then a collective: make it on every rank), and
+    the version the job's first rank to make the dataset opened (posted to the process group's
+    store; making a dataset is not a collective, so rank 0 may make one alone), and
     ``refresh_version`` or ``StreamOptions(follow_versions=True)`` move every rank to the
     newest between epochs (see :mod:`shardstream.streaming.control.agreement`).
 

@@ -2,18 +2,26 @@
 
 Ranks make their datasets moments apart (a multi-node restart: seconds), and an append
 published in between would have them open different versions: different shard lists, unequal
-epochs, a collective that hangs. So the training processes settle on one: every rank reads the
-version rank 0 opened (:func:`settle`, one all-gather of a few bytes when the dataset learns
-its rank), or, when some rank cannot read it (pruned meanwhile), every rank stops at once with
-an error naming the versions. :func:`refresh` moves fresh epochs to the newest version the same
-way: rank 0 reads ``manifest.json``, every rank opens what it found.
+epochs, a collective that hangs. So the training processes settle on one without waiting for
+each other (:func:`settle`): the first rank of the job to make a dataset of a source posts the
+version it opened to the process group's store (one compare-and-set,
+:func:`~.context.post_first`), and every rank that makes the matching dataset reads that
+version. Datasets match by their source and by how many datasets of that source the rank made
+before, so a dataset that only some ranks make (rank 0's evaluation, say) never blocks: it is
+not a collective. A rank that cannot read the posted version (pruned meanwhile) stops with an
+error naming both versions. :func:`refresh` moves fresh epochs to the newest version (a
+collective, at ``set_epoch`` on every rank): rank 0 reads ``manifest.json``, every rank opens
+what it found.
 
-The gather is :func:`~.context.gather_from_ranks` (a collective under torch.distributed; without
-it, ``[value]``), passed in, so all of this runs without processes in tests.
+The post and the gather are passed in (:func:`~.context.post_first`,
+:func:`~.context.gather_from_ranks`), so all of this runs without processes in tests.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -25,22 +33,63 @@ from shardstream.streaming.control.resumestate import VersionNumber
 from shardstream.streaming.control.versionset import DatasetVersion, VersionSet, streams_of
 from shardstream.streaming.settings import Settings
 
-__all__ = ["Gather", "refresh", "settle"]
+__all__ = ["Gather", "Post", "refresh", "settle"]
 
 logger = logging.getLogger("shardstream.streaming")
 
 #: Every rank's value, in rank order (``context.gather_from_ranks``; ``[value]`` alone).
 Gather = Callable[[Any], list[Any]]
+#: ``(key, value)`` -> the value first posted under ``key`` (``context.post_first``; None alone).
+Post = Callable[[str, str], "str | None"]
+
+#: Datasets of each source this process has settled, so that its n-th dataset of a source
+#: matches the n-th of every other rank (see the module docstring).
+_made: collections.Counter[str] = collections.Counter()
 
 
-def settle(versions: VersionSet, gather: Gather, rank: int) -> None:
-    """Make every rank read the version rank 0 opened.
+def settle(versions: VersionSet, post: Post, rank: int) -> None:
+    """Make this rank read the version the job's first rank to make this dataset opened.
+
+    Never waits for another rank (see the module docstring). Datasets without versions (no
+    manifest) have nothing to agree on.
 
     Raises:
-        ConfigError: Rank 0's version cannot be read on some rank (pruned meanwhile), or ranks
-            pinned different versions; raised on every rank, naming the versions.
+        ConfigError: That version cannot be read here (pruned meanwhile), or this rank pinned
+            another one with ``version=N``; the message names both.
     """
-    _move(versions, gather, rank, versions.opened.number)
+    opened = versions.opened.number
+    if opened is None:
+        return
+    source = _identity(versions)
+    _made[source] += 1
+    key = f"shardstream/version/{source}/{_made[source]}"
+    posted = post(key, json.dumps(opened))
+    if posted is None:
+        return
+    found = json.loads(posted)
+    target: int | tuple[int, ...] = tuple(found) if isinstance(found, list) else int(found)
+    if target == opened:
+        return
+    if versions.pinned:
+        raise ConfigError(
+            f"{_shown(versions)}: rank {rank} was made with version={opened}, but the job's "
+            f"first rank to make this dataset reads version {target}; pass the same "
+            "version=N on every rank"
+        )
+    try:
+        moved = versions.other(target)
+    except (ValueError, OSError) as error:
+        raise ConfigError(
+            f"{_shown(versions)}: rank {rank} opened version {opened}, but the job's first "
+            f"rank to make this dataset opened version {target}, which rank {rank} cannot "
+            f"read ({error}). Every rank must read one version: start the ranks again (they "
+            "then agree on the newest version), or pass the same version=N on every rank."
+        ) from error
+    logger.info(
+        "%s: rank %d opened version %s; it reads version %s, the one the job's first rank to "
+        "make this dataset opened", _shown(versions), rank, opened, target,
+    )  # fmt: skip
+    versions.move_to(moved)
 
 
 def refresh(versions: VersionSet, gather: Gather, rank: int) -> VersionNumber:
@@ -114,6 +163,17 @@ def _newest(source: Any, settings: Settings, current: VersionNumber) -> VersionN
             number = number if newest is None else newest
         found.append(number)
     return tuple(found)
+
+
+def _identity(versions: VersionSet) -> str:
+    """A short name of the dataset's source, the same on every rank."""
+    source = versions.source
+    streams = streams_of(source)
+    if streams is not None:
+        shown = repr([(str(stream.source), stream.version) for stream in streams])
+    else:
+        shown = os.fspath(source) if isinstance(source, (str, os.PathLike)) else repr(source)
+    return hashlib.sha256(str(shown).encode()).hexdigest()[:16]
 
 
 def _shown(versions: VersionSet) -> str:

@@ -3,7 +3,9 @@
 :func:`current_context` is the one function in shardstream that reads ``torch.distributed`` and
 ``get_worker_info()``; everything else takes a :class:`Context` (or its numbers) as arguments, so
 it can be tested without processes. :func:`gather_from_ranks` is the one collective shardstream
-runs (ranks agreeing on the version of a growing dataset they read).
+runs (ranks moving to a newer version of a growing dataset together), and :func:`post_first`
+the one use of the process group's key-value store (ranks agreeing on the version a new dataset
+reads without waiting for each other).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 
-__all__ = ["Context", "current_context", "gather_from_ranks"]
+__all__ = ["Context", "current_context", "gather_from_ranks", "post_first"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,3 +104,28 @@ def gather_from_ranks(value: Any, explicit_ranks: bool = False) -> list[Any]:
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def post_first(key: str, value: str) -> str | None:
+    """The value the job's first process to post under ``key`` posted (``value`` if this one).
+
+    Under torch.distributed this is one atomic compare-and-set on the process group's store
+    (the ``TCPStore`` or ``FileStore`` the group was made with): no rank waits for another, so
+    any subset of the ranks may call it, at any time. Without torch.distributed, or with one
+    rank, it returns None without talking to anyone.
+
+    Args:
+        key: A key that names what is agreed on (the same on every rank).
+        value: What this process proposes.
+
+    Example:
+        >>> post_first("shardstream/example", "3") is None  # without torch.distributed
+        True
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    held = c10d._get_default_store().compare_set(key, "", value)
+    return bytes(held).decode()

@@ -15,7 +15,12 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.control import agreement
-from shardstream.streaming.control.context import Context, current_context, gather_from_ranks
+from shardstream.streaming.control.context import (
+    Context,
+    current_context,
+    gather_from_ranks,
+    post_first,
+)
 from shardstream.streaming.control.inputs import PassInputs
 from shardstream.streaming.control.resumestate import (
     PassState,
@@ -72,7 +77,7 @@ class PassControl:
         options = self.inputs.settings.options
         context = current_context(options.rank, options.world_size)
         if not self._settled and options.rank is None and context.world_size > 1:
-            agreement.settle(self.inputs.versions, gather_from_ranks, context.rank)
+            agreement.settle(self.inputs.versions, post_first, context.rank)
             self.inputs.channel.set_version(self.inputs.opened.number)
             self._settled = True
         return context.rank, context.world_size

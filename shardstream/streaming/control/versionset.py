@@ -2,8 +2,8 @@
 
 A :class:`~shardstream.streaming.StreamingDataset` opens one version (the newest published
 when it is made, or the one pinned with ``version=N``) and reads it in every fresh epoch; under
-torch.distributed every rank reads rank 0's, and the job may move on to newer versions between
-epochs (see :mod:`shardstream.streaming.control.agreement`). A pass records the version it
+torch.distributed every rank reads the one the job's first rank to make it opened, and the job
+may move on to newer versions between epochs (see :mod:`shardstream.streaming.control.agreement`). A pass records the version it
 reads in its state (``dataset_version``), so a job restarted after the dataset grew finishes
 the interrupted epoch on the version it began with, exactly, and the next epoch reads the
 version the restarted job opened. States saved before versions existed have no
