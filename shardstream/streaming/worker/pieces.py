@@ -17,8 +17,10 @@ piece below ``COPY_MAX_BYTES`` is copied, which costs less than a map of its own
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import numpy as np
 
@@ -136,6 +138,35 @@ def _walk_piece(
     )
 
 
+def _read_full(
+    stream: IO[bytes], url: str, ordinal: int, offsets: Sequence[int], limit: int, previous: str
+) -> Sample:
+    """:func:`read_full_sample`, whose error names the shard's real size when the index puts
+    the sample at or past the shard's end (a truncated shard: the tar reader sees no bytes
+    there, and would name the index's offset as where they end)."""
+    try:
+        return read_full_sample(stream, url, ordinal, offsets, limit, previous)
+    except ShardFormatError as error:
+        size = _size_of(stream)
+        here, after = int(offsets[ordinal]), int(offsets[ordinal + 1])
+        if size is None or size > here:  # the reader saw where the bytes end: its error is true
+            raise
+        raise ShardFormatError(
+            f"{url}: the shard is {size:,} bytes, but its index puts sample {ordinal} at bytes "
+            f"{here:,}..{after:,} (and the shard's end at byte {int(offsets[-1]):,}); the "
+            "shard is truncated, or changed after the build. Re-copy or rebuild it "
+            "(`shardstream verify` lists such shards)."
+        ) from error
+
+
+def _size_of(stream: IO[bytes]) -> int | None:
+    """The size of the file behind ``stream``, or None when the stream cannot tell."""
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
 def _read_range(
     ranges: Ranges,
     name: str,
@@ -173,7 +204,7 @@ def _read_range(
                 stream.seek(here)
                 sample = read_plain_sample(stream, url, here, after, limit)
             if sample is None:  # not plain ustar, or broken: the full reader handles or reports
-                sample = read_full_sample(stream, url, ordinal, offsets, limit, previous)
+                sample = _read_full(stream, url, ordinal, offsets, limit, previous)
             previous = sample["__key__"]
             yield sample
 
@@ -230,7 +261,7 @@ class ShortPiece(Iterator[Sample]):
             sample = parse_plain_sample(self._data[here - begin : after - begin], self._url, here)
         if sample is None:  # short, not plain ustar or broken: the full reader says why
             with self._ranges.lend(self._name, here, after) as stream:
-                sample = read_full_sample(
+                sample = _read_full(
                     stream, self._url, ordinal, self._offsets, self._limit, self._previous
                 )
         self._previous = sample["__key__"]

@@ -61,6 +61,7 @@ class Batcher:
         """
         clock = self.clock
         skipped = stats.skipped
+        stats.skipped += samples.count(None)  # placeholders of samples that could not be read
         converted = [self._convert(sample, stats) for sample in samples]
         kept = [value for value in converted if value is not None]
         if clock is not None:
@@ -226,4 +227,8 @@ def _step_samples(
         for cursor in cursors.values():
             cursor.close()
     if stats.skipped:
-        logger.warning("a worker skipped %d sample(s) in this pass", stats.skipped)
+        broken = sorted(stats.broken)
+        where = f" (unreadable shards: {', '.join(broken[:3])}{', ...' if len(broken) > 3 else ''})"
+        logger.warning(
+            "a worker skipped %d sample(s) in this pass%s", stats.skipped, where if broken else ""
+        )

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import re
 from collections.abc import Hashable, Iterator, Sequence
 from typing import Any
 
@@ -28,6 +29,9 @@ from shardstream.streaming.worker.pieces import open_piece
 __all__ = ["ReadSettings", "ShardReader", "WorkerStats"]
 
 logger = logging.getLogger("shardstream.streaming")
+
+#: The advice to skip, cut from messages of errors that are being skipped.
+_SKIP_ADVICE = re.compile(r",? or pass on_error='skip'[^.]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,8 @@ class WorkerStats:
     skipped: int = 0
     batches: int = 0
     bytes_read: int = 0  # of indexed ranges (whole samples), counted per range
+    #: Shards whose read errors were logged in this pass (each is logged once).
+    broken: set[str] = dataclasses.field(default_factory=set)
 
 
 class ShardReader:
@@ -113,7 +119,9 @@ class ShardReader:
         """Samples ``[first, stop)`` of shard number ``shard`` (``None``: to its end).
 
         With ``on_error="skip"`` a broken shard ends the run in ``None`` placeholders (one per
-        missing sample, so batch boundaries do not move) and the samples are counted.
+        missing sample, so batch boundaries do not move), which the worker counts as skipped
+        where its batches take them (another worker may take some of a run's samples); a
+        shard's first error in a pass is logged.
         """
         spec = self._spec(shard)
         index = self._index_of(spec)
@@ -133,7 +141,7 @@ class ShardReader:
             samples = _tagged(samples, spec.store_index)
         if settings.on_error != "skip":
             return samples  # errors propagate as they are: no layer to pass through
-        return self._guarded(samples, None if stop is None else stop - first)
+        return self._guarded(samples, spec.name, None if stop is None else stop - first)
 
     def prefetch(self, pieces: Sequence[tuple[int, int, int | None]], group: Hashable) -> None:
         """Announce pieces ``(shard, first, stop)`` this worker opens next, soonest first.
@@ -273,16 +281,27 @@ class ShardReader:
             )
         return kept
 
-    def _guarded(self, samples: Iterator[Any], count: int | None) -> Iterator[Any]:
+    def _guarded(self, samples: Iterator[Any], name: str, count: int | None) -> Iterator[Any]:
+        """``samples``, then a ``None`` for each of the ``count`` not read after an error.
+
+        The placeholders are counted where a batch takes them (:class:`.pipeline.Batcher`):
+        a run's samples after the error may be other workers' (they read the same run), or
+        be passed over. A whole shard (``count`` None) counts one.
+        """
         produced = 0
         try:
             for sample in samples:
                 produced += 1
                 yield sample
         except (ShardFormatError, StorageError) as error:
-            missing = 1 if count is None else count - produced
-            self.stats.skipped += missing
-            logger.warning("skipping %d sample(s): %s", missing, error)
+            if count is None:
+                self.stats.skipped += 1
+            if name not in self.stats.broken:  # once per shard and pass: pieces fail alike
+                self.stats.broken.add(name)
+                logger.warning(
+                    "skipping samples that cannot be read (on_error='skip'; the count follows "
+                    "at the end of the pass): %s", _SKIP_ADVICE.sub("", str(error)),
+                )  # fmt: skip
             if count is not None:
                 yield from itertools.repeat(None, count - produced)
 
