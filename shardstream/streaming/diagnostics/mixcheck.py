@@ -12,6 +12,7 @@ uniformly through the shards' indexes. :func:`format_mix_report` prints a table 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -118,7 +119,7 @@ def check_mix(
         "order": dataclasses.asdict(order) if order is not None else None,
         "num_classes": int(np.count_nonzero(counts)),
     }
-    summary["advice"] = mix_advice(summary, dataset.counted)
+    summary["advice"] = mix_advice(summary, dataset.counted, stream.chunk_size)
     return summary
 
 
@@ -202,29 +203,50 @@ def _spearman(dataset: StreamingDataset, options: MixCheckOptions, num_batches: 
     return spearman(np.concatenate(written)) if written else 0.0
 
 
-def mix_advice(summary: dict[str, Any], counted: bool) -> list[str]:
-    """What to change when a figure is poor (an empty list when both are fine)."""
+def mix_advice(
+    summary: dict[str, Any], counted: bool, chunk_size_given: int | None = None
+) -> list[str]:
+    """What to change when a figure is poor (an empty list when both are fine).
+
+    ``chunk_size_given`` is the user's ``StreamOptions(chunk_size=...)`` (None when left to
+    shardstream). The Spearman figure counts as poor only beyond what a random order of as
+    many samples gives.
+    """
     lines: list[str] = []
     ratio, correlation = summary["distinct_ratio"], summary["spearman"]
-    if ratio is not None and ratio < 0.9:
-        if not counted:
-            lines.append(
-                "batches hold fewer classes than a random order's: these shards have no "
-                "manifest, so whole shards are read; run `shardstream index` on them for the "
-                "chunked order, or use fewer DataLoader workers (each batch comes from one)"
-            )
-        else:
-            lines.append(
-                "batches hold fewer classes than a random order's: raise StreamOptions("
-                "num_open=...) well above the batch size, keep piece_size small, and leave "
-                "chunk_size to shardstream (index the shards if they have no .idx files)"
-            )
-    if correlation is not None and abs(correlation) > 0.1:
+    few_classes = ratio is not None and ratio < 0.9
+    as_written = correlation is not None and abs(correlation) > _noise(summary["samples"])
+    whole_shards = counted and chunk_size_given == 0
+    if whole_shards and (few_classes or as_written):
         lines.append(
-            "the reading order follows the writing order: check shuffle=True and that "
-            "chunk_size is not 0"
+            "StreamOptions(chunk_size=0) reads whole shards, each in its written order: leave "
+            "chunk_size unset (shardstream chooses chunks from the data)"
+        )
+    if few_classes and not counted:
+        lines.append(
+            "batches hold fewer classes than a random order's: these shards have no "
+            "manifest, so whole shards are read; run `shardstream index` on them for the "
+            "chunked order, or use fewer DataLoader workers (each batch comes from one)"
+        )
+    elif few_classes:
+        lines.append(
+            "batches hold fewer classes than a random order's: raise StreamOptions(num_open="
+            "...) well above the batch size, and keep piece_size small"
+            + ("" if whole_shards else " (or leave both, and chunk_size, to shardstream)")
+        )
+    if as_written and not whole_shards:
+        chunk = summary["order"]["chunk_size"] if summary["order"] else None
+        lines.append(
+            f"the reading order follows the writing order: the epoch is read in chunks of "
+            f"{chunk} consecutive samples; pass a smaller StreamOptions(chunk_size=...)"
         )
     return lines
+
+
+def _noise(num_samples: int) -> float:
+    """The Spearman figure a random order stays within (about 3 standard deviations, at
+    least 0.1): with few samples read, a random order's figure is far from 0 too."""
+    return max(0.1, 3 / math.sqrt(max(1, num_samples - 1)))
 
 
 def format_mix_report(summary: dict[str, Any]) -> str:
@@ -238,7 +260,7 @@ def format_mix_report(summary: dict[str, Any]) -> str:
         ("  random permutation", f"{summary['random_distinct_per_batch']:.1f}"),
         ("  share of random's", "n/a" if ratio is None else f"{ratio:.2f} (aim: >= 0.90)"),
         ("Spearman, written vs read", "n/a (no manifest)" if correlation is None
-         else f"{correlation:+.3f} (random: 0; aim: within 0.1)"),
+         else f"{correlation:+.3f} (random: 0; aim: within {_noise(summary['samples']):.2f})"),
         ("samples/s (labels only)", f"{summary['samples_per_s']:,.0f}"),
         ("order", "whole shards, no manifest" if order is None else
          f"chunks of {order['chunk_size']}, {order['num_open']} lanes, pieces of "

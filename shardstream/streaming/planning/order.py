@@ -20,6 +20,7 @@ __all__ = [
     "REMOTE_PIECE_BYTES",
     "REMOTE_READ_BYTES",
     "REMOTE_WINDOW_BYTES",
+    "UNINDEXED_WASTE_BYTES",
     "WHOLE_SHARD_ORDER",
     "DatasetFacts",
     "OrderChoice",
@@ -28,6 +29,7 @@ __all__ = [
     "choose_order",
     "epoch_sequence",
     "remote_piece_bytes",
+    "unindexed_order",
 ]
 
 POLICIES = ("pad", "drop", "mask")
@@ -62,6 +64,10 @@ class OrderChoice:
 #: seeded order, 64 lanes of 64 samples (the order of releases before 0.3). Also the defaults
 #: of :class:`PlanOptions`.
 WHOLE_SHARD_ORDER = OrderChoice(chunk_size=0, num_open=64, piece_size=64, block_size=64)
+#: Chunks per shard of counted shards without an index, at least (see :func:`unindexed_order`).
+_UNINDEXED_CHUNKS_PER_SHARD = 4
+#: Bytes passed over (decompressed or walked) per sample read that make a chunk short enough.
+UNINDEXED_WASTE_BYTES = 128 << 10
 #: Local shards with an index: a short run costs about 10 us (a memory map's slice), so short
 #: chunks and pieces from many lanes (a window of about 4,096 samples from 1,000 places).
 LOCAL_ORDER = OrderChoice(chunk_size=4, num_open=512, piece_size=8, block_size=64)
@@ -113,7 +119,7 @@ def choose_order(
 
     Smaller chunks mix more evenly, and a batch holds samples from about ``min(batch,
     num_open)`` places; what a read costs sets the floor (README, *Shuffle quality*, has the
-    measurements): :data:`WHOLE_SHARD_ORDER` without an index, :data:`LOCAL_ORDER` for local
+    measurements): :func:`unindexed_order` without an index, :data:`LOCAL_ORDER` for local
     indexed shards (``facts.local``: also remote ones that a local cache holds whole), and for
     remote ones pieces of at least ``REMOTE_PIECE_BYTES`` (more in
     short shards, see :func:`remote_piece_bytes`), a multiple of ``batch_size`` (the units
@@ -131,7 +137,7 @@ def choose_order(
     """
     chosen: OrderChoice
     if not facts.indexed:
-        chosen = WHOLE_SHARD_ORDER
+        chosen = unindexed_order(facts)
     elif facts.local:
         chosen = LOCAL_ORDER
     else:
@@ -146,6 +152,33 @@ def choose_order(
         "block_size": block_size,
     }  # fmt: skip
     return dataclasses.replace(chosen, **{k: v for k, v in given.items() if v is not None})
+
+
+def unindexed_order(facts: DatasetFacts) -> OrderChoice:
+    """The order of counted shards without a byte index (gzipped ones): chunks of shards.
+
+    Such a shard is entered only at its start (a piece of it decompresses or walks everything
+    before it), so whole shards would cost least; but whole shards keep each shard's samples
+    in their written order, and a dataset of few shards would be read nearly as written in
+    every epoch, whatever the seed. So the epoch is read in chunks from all over the dataset,
+    as with an index, each as short as costs at most ``UNINDEXED_WASTE_BYTES`` of bytes
+    passed over per sample read (a piece passes over half its shard on average), and never
+    longer than a quarter of a shard (then at most 2.5 times the decompression of one
+    sequential read). Without counts (no manifest): :data:`WHOLE_SHARD_ORDER`.
+
+    Example:
+        >>> unindexed_order(DatasetFacts(False, True, 10e3, 900e3))  # small shards: short
+        OrderChoice(chunk_size=4, num_open=64, piece_size=4, block_size=64)
+        >>> unindexed_order(DatasetFacts(False, True, 100e3, 1e9))  # large: quarter shards
+        OrderChoice(chunk_size=2500, num_open=64, piece_size=2500, block_size=64)
+    """
+    if facts.mean_sample_bytes <= 0 or facts.mean_shard_bytes <= 0:
+        return WHOLE_SHARD_ORDER
+    per_shard = facts.mean_shard_bytes / facts.mean_sample_bytes
+    quarter = per_shard / _UNINDEXED_CHUNKS_PER_SHARD
+    cheap = facts.mean_shard_bytes / 2 / UNINDEXED_WASTE_BYTES
+    chunk = max(1, math.ceil(min(quarter, cheap)))
+    return dataclasses.replace(WHOLE_SHARD_ORDER, chunk_size=chunk, piece_size=chunk)
 
 
 def remote_piece_bytes(mean_shard_bytes: float) -> float:
