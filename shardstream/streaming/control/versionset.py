@@ -3,13 +3,14 @@
 A :class:`~shardstream.streaming.StreamingDataset` opens one version (the newest published
 when it is made, or the one pinned with ``version=N``) and reads it in every fresh epoch; under
 torch.distributed every rank reads the one the job's first rank to make it opened, and the job
-may move on to newer versions between epochs (see :mod:`shardstream.streaming.control.agreement`). A pass records the version it
-reads in its state (``dataset_version``), so a job restarted after the dataset grew finishes
-the interrupted epoch on the version it began with, exactly, and the next epoch reads the
-version the restarted job opened. States saved before versions existed have no
-``dataset_version``: they were saved on version 1 (the only version a dataset could have
-then). A mixture's version is the tuple of its streams' versions: a resumed epoch reads every
-stream at the version it began with.
+may move on to newer versions between epochs (see
+:mod:`shardstream.streaming.control.agreement`). A pass records the version it reads in its
+state (``dataset_version``), so a job restarted after the dataset grew finishes the
+interrupted epoch on the version it began with, exactly, and the next epoch reads the version
+the restarted job opened. States saved before versions existed have no ``dataset_version``:
+they were saved on version 1 (the only version a dataset could have then). A mixture's version
+is the tuple of its streams' versions: a resumed epoch reads every stream at the version it
+began with.
 
 Other versions are opened on demand, once per process (a few are kept); a version removed by
 ``shardstream prune`` cannot be resumed (the error says which and what to do).
