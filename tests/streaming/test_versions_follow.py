@@ -1,8 +1,9 @@
 """A real 2-rank (gloo) x 2-worker job that follows a growing dataset, and its resumes.
 
 The job reads with ``follow_versions=True`` and persistent workers. Rank 0 publishes an
-append after its first batch of epoch 0 (rank 1 is still reading that epoch): both ranks
-finish epoch 0 on version 1 and move to version 2 together when epoch 1 starts. Restarted
+append after its first batch of epoch 0 (rank 1 waits for it in that epoch): both ranks
+finish epoch 0 on version 1 and move to version 2 together when epoch 1 starts (the first rank
+to start it looks for the newest version, and posts it to the process group's store). Restarted
 after a third version appeared, a state saved in epoch 0 finishes epoch 0 on version 1 and a
 state saved in epoch 1 finishes it on version 2, each exactly as the uninterrupted job read
 it; the epoch after either reads the newest, version 3.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import json
 import pathlib
+import time
 
 import pytest
 import torch.distributed as dist
@@ -44,6 +46,9 @@ def _follow(rank: int, root: str, work: pathlib.Path, out: dict) -> None:
             if rank == 0 and epoch == 0 and len(batches) == 1:
                 build_shards(write_day(work / "day2", 2, per_class=5), root, append=True,
                              **BUILD)  # fmt: skip
+                (work / "appended").touch()
+            while epoch == 0 and not (work / "appended").exists():  # rank 1: still in epoch 0
+                time.sleep(0.01)
             if rank == 0 and epoch < 2 and len(batches) == 2:
                 (work / f"state{epoch}.json").write_text(json.dumps(loader.state_dict()))
         out[f"epoch{epoch}"] = batches

@@ -1,9 +1,10 @@
 """A dataset made on some of the ranks only (rank 0's evaluation) under real gloo ranks.
 
-Making a ``StreamingDataset`` must not be a collective: rank 0 making and reading one alone and
-then meeting rank 1 at ``dist.barrier()`` used to hang (both ranks stuck in mismatched
-collectives until the process group timed out). The process group here times out after 30 s,
-so a regression fails the test with gloo's timeout instead of hanging it.
+Making a ``StreamingDataset`` (or moving it to a newer version at ``set_epoch``) must not be a
+collective: rank 0 making and reading one alone and then meeting rank 1 at ``dist.barrier()``
+used to hang (both ranks stuck in mismatched collectives until the process group timed out).
+The process group here times out after 30 s, so a regression fails the test with gloo's
+timeout instead of hanging it.
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ def _run(rank: int, root: str, store: str, work: str) -> None:
     try:
         result: dict[str, object] = {}
         started = time.monotonic()
-        if rank == 0:  # evaluation on rank 0 alone, through real DataLoader workers
-            alone = _make(root)
+        if rank == 0:  # evaluation on rank 0 alone, through real DataLoader workers, following
+            alone = _make(root, follow_versions=True)  # new versions (set_epoch looks for one)
+            alone.set_epoch(1)
             loader = StreamingDataLoader(alone, num_workers=2)
             result["alone"] = keys_of(loader)
             result["alone_version"] = alone.version
         dist.barrier()
-        if rank == 1:  # and on rank 1 alone, in the main process
-            result["alone"] = keys_of(_make(root))
+        if rank == 1:  # and on rank 1 alone, in the main process (the same epoch)
+            alone = _make(root)
+            alone.set_epoch(1)
+            result["alone"] = keys_of(alone)
         dist.barrier()
         result["alone_s"] = time.monotonic() - started
         training = _make(root)  # then every rank makes the training dataset

@@ -9,12 +9,12 @@ version it opened to the process group's store (one compare-and-set,
 version. Datasets match by their source and by how many datasets of that source the rank made
 before, so a dataset that only some ranks make (rank 0's evaluation, say) never blocks: it is
 not a collective. A rank that cannot read the posted version (pruned meanwhile) stops with an
-error naming both versions. :func:`refresh` moves fresh epochs to the newest version (a
-collective, at ``set_epoch`` on every rank): rank 0 reads ``manifest.json``, every rank opens
-what it found.
+error naming both versions. :func:`refresh` moves fresh epochs to the newest version the same
+way: the first rank to refresh reads ``manifest.json`` and posts what it found, and every rank
+opens that.
 
-The post and the gather are passed in (:func:`~.context.post_first`,
-:func:`~.context.gather_from_ranks`), so all of this runs without processes in tests.
+The post is passed in (:func:`~.context.post_first`), so all of this runs without processes in
+tests.
 """
 
 from __future__ import annotations
@@ -24,21 +24,19 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 from shardstream.catalog.shardlist import Source, newest_version
 from shardstream.errors import ConfigError
 from shardstream.streaming.control.resumestate import VersionNumber
-from shardstream.streaming.control.versionset import DatasetVersion, VersionSet, streams_of
+from shardstream.streaming.control.versionset import VersionSet, streams_of
 from shardstream.streaming.settings import Settings
 
-__all__ = ["Gather", "Post", "refresh", "settle"]
+__all__ = ["Post", "refresh", "settle"]
 
 logger = logging.getLogger("shardstream.streaming")
 
-#: Every rank's value, in rank order (``context.gather_from_ranks``; ``[value]`` alone).
-Gather = Callable[[Any], list[Any]]
 #: ``(key, value)`` -> the value first posted under ``key`` (``context.post_first``; None alone).
 Post = Callable[[str, str], "str | None"]
 
@@ -47,11 +45,12 @@ Post = Callable[[str, str], "str | None"]
 _made: collections.Counter[str] = collections.Counter()
 
 
-def settle(versions: VersionSet, post: Post, rank: int) -> None:
+def settle(versions: VersionSet, post: Post, rank: int) -> str | None:
     """Make this rank read the version the job's first rank to make this dataset opened.
 
     Never waits for another rank (see the module docstring). Datasets without versions (no
-    manifest) have nothing to agree on.
+    manifest) have nothing to agree on. Returns the dataset's key in the store (which
+    :func:`refresh` builds on), None when nothing was agreed.
 
     Raises:
         ConfigError: That version cannot be read here (pruned meanwhile), or this rank pinned
@@ -59,17 +58,16 @@ def settle(versions: VersionSet, post: Post, rank: int) -> None:
     """
     opened = versions.opened.number
     if opened is None:
-        return
+        return None
     source = _identity(versions)
     _made[source] += 1
     key = f"shardstream/version/{source}/{_made[source]}"
     posted = post(key, json.dumps(opened))
     if posted is None:
-        return
-    found = json.loads(posted)
-    target: int | tuple[int, ...] = tuple(found) if isinstance(found, list) else int(found)
+        return None
+    target = _decoded(posted)
     if target == opened:
-        return
+        return key
     if versions.pinned:
         raise ConfigError(
             f"{_shown(versions)}: rank {rank} was made with version={opened}, but the job's "
@@ -90,14 +88,19 @@ def settle(versions: VersionSet, post: Post, rank: int) -> None:
         "make this dataset opened", _shown(versions), rank, opened, target,
     )  # fmt: skip
     versions.move_to(moved)
+    return key
 
 
-def refresh(versions: VersionSet, gather: Gather, rank: int) -> VersionNumber:
-    """Move fresh epochs to the newest version (rank 0 looks); return the version now read.
+def refresh(versions: VersionSet, post: Post, key: str | None, rank: int) -> VersionNumber:
+    """Move fresh epochs to the newest version; return the version now read.
+
+    The first rank to refresh looks up the newest version and posts it under ``key`` (the
+    dataset's key from :func:`settle` and the refresh's number; None: nothing to agree on);
+    every rank reads what it posted. No rank waits for another.
 
     Raises:
-        ConfigError: As :func:`settle`, or rank 0 could not read the newest version, or the
-            version was pinned with ``version=N``.
+        ConfigError: The newest version cannot be read here, or the version was pinned with
+            ``version=N``.
     """
     opened = versions.opened
     if versions.pinned:
@@ -105,46 +108,32 @@ def refresh(versions: VersionSet, gather: Gather, rank: int) -> VersionNumber:
             f"{_shown(versions)}: the dataset was made with version={opened.number}, which "
             "stays; make it without version= to move to newer versions"
         )
-    proposal: Any = None
-    if rank == 0:
-        try:
-            proposal = _newest(versions.source, opened.settings, opened.number)
-        except (OSError, ValueError) as error:  # every rank learns it through the gather
-            proposal = f"rank 0 could not read the newest version ({error})"
-    _move(versions, gather, rank, proposal)
-    return versions.opened.number
-
-
-def _move(versions: VersionSet, gather: Gather, rank: int, proposal: Any) -> None:
-    """Every rank reads rank 0's ``proposal``; all stop together if one cannot."""
-    reports = gather((proposal, versions.opened.number))
-    target, opened = reports[0][0], [report[1] for report in reports]
-    if isinstance(target, str):
-        raise ConfigError(f"{_shown(versions)}: {target}; every rank stopped")
-    if target is None or all(number == target for number in opened):
-        return
-    moved: DatasetVersion | None = None
-    failure = None
-    if versions.opened.number != target:
-        try:
-            if versions.pinned:
-                raise ConfigError(f"it was made with version={versions.opened.number}")
-            moved = versions.other(target)
-        except (ValueError, OSError) as error:
-            failure = f"rank {rank}: {error}"
-    failures = [failure for failure in gather(failure) if failure]
-    if failures:
+    try:
+        proposal = _newest(versions.source, opened.settings, opened.number)
+    except (OSError, ValueError) as error:
         raise ConfigError(
-            f"{_shown(versions)}: the ranks opened different versions ({_by_rank(opened)}), "
-            f"and not every rank can read version {target}, rank 0's ({failures[0]}). Start "
-            "the ranks again (they then agree on the newest version), or pin version=N."
-        )
-    if moved is not None:
-        logger.info(
-            "%s: ranks opened versions %s; this rank reads version %s, rank 0's",
-            _shown(versions), _by_rank(opened), target,
-        )  # fmt: skip
-        versions.move_to(moved)
+            f"{_shown(versions)}: rank {rank} could not read the newest version ({error})"
+        ) from error
+    posted = None if key is None or proposal is None else post(key, json.dumps(proposal))
+    target = proposal if posted is None else _decoded(posted)
+    if target is None or target == opened.number:
+        return opened.number
+    try:
+        moved = versions.other(target)
+    except (ValueError, OSError) as error:
+        raise ConfigError(
+            f"{_shown(versions)}: the job moves to version {target} (the newest when its first "
+            f"rank looked), which rank {rank} cannot read ({error}). Start the ranks again, "
+            "or pass the same version=N on every rank."
+        ) from error
+    versions.move_to(moved)
+    return target
+
+
+def _decoded(posted: str) -> int | tuple[int, ...]:
+    """A version number as :func:`settle` and :func:`refresh` post it (JSON)."""
+    found = json.loads(posted)
+    return tuple(found) if isinstance(found, list) else int(found)
 
 
 def _newest(source: Any, settings: Settings, current: VersionNumber) -> VersionNumber:
@@ -179,10 +168,3 @@ def _identity(versions: VersionSet) -> str:
 def _shown(versions: VersionSet) -> str:
     source = versions.source
     return str(source) if isinstance(source, (str, os.PathLike)) else "the mixture"
-
-
-def _by_rank(numbers: Sequence[VersionNumber]) -> str:
-    """``rank 0: version 2, rank 1: version 3`` (rank 0 and the first ranks that differ)."""
-    differ = [(rank, number) for rank, number in enumerate(numbers) if number != numbers[0]]
-    shown = [(0, numbers[0]), *differ[:3]]
-    return ", ".join(f"rank {rank}: version {number}" for rank, number in shown)

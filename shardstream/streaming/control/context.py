@@ -2,20 +2,18 @@
 
 :func:`current_context` is the one function in shardstream that reads ``torch.distributed`` and
 ``get_worker_info()``; everything else takes a :class:`Context` (or its numbers) as arguments, so
-it can be tested without processes. :func:`gather_from_ranks` is the one collective shardstream
-runs (ranks moving to a newer version of a growing dataset together), and :func:`post_first`
-the one use of the process group's key-value store (ranks agreeing on the version a new dataset
-reads without waiting for each other).
+it can be tested without processes. :func:`post_first` is the one use of the process group
+(its key-value store: ranks agree on the version of a growing dataset they read without waiting
+for each other); shardstream runs no collective.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from shardstream.errors import ConfigError
 
-__all__ = ["Context", "current_context", "gather_from_ranks", "post_first"]
+__all__ = ["Context", "current_context", "post_first"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,43 +65,6 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
     if info is None:
         return Context(rank, world_size)
     return Context(rank, world_size, info.id, info.num_workers, in_worker=True)
-
-
-def gather_from_ranks(value: Any, explicit_ranks: bool = False) -> list[Any]:
-    """Every training process's ``value``, in rank order: a collective under torch.distributed.
-
-    Every rank must call it at the same point of the program, in the training process (a
-    DataLoader worker cannot take part). Without torch.distributed, with one rank, or when the
-    ranks were given explicitly (``explicit_ranks``: the processes are not torch.distributed's),
-    it returns ``[value]`` without talking to anyone.
-
-    Args:
-        value: A small picklable value (a few bytes: it is sent to every rank).
-        explicit_ranks: Ranks come from ``StreamOptions(rank=..., world_size=...)``.
-
-    Raises:
-        ConfigError: Called in a DataLoader worker while torch.distributed is initialized.
-
-    Example:
-        >>> gather_from_ranks(3)  # without torch.distributed
-        [3]
-    """
-    import torch.distributed as dist
-    import torch.utils.data
-
-    if explicit_ranks or not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    world_size = dist.get_world_size()
-    if world_size == 1:
-        return [value]
-    if torch.utils.data.get_worker_info() is not None:
-        raise ConfigError(
-            "ranks agree on a dataset's version in the training process, not in a DataLoader "
-            "worker: call set_epoch / refresh_version there, on every rank"
-        )
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, value)
-    return gathered
 
 
 def post_first(key: str, value: str) -> str | None:

@@ -15,12 +15,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError
 from shardstream.streaming.control import agreement
-from shardstream.streaming.control.context import (
-    Context,
-    current_context,
-    gather_from_ranks,
-    post_first,
-)
+from shardstream.streaming.control.context import Context, current_context, post_first
 from shardstream.streaming.control.inputs import PassInputs
 from shardstream.streaming.control.resumestate import (
     PassState,
@@ -51,6 +46,8 @@ class PassControl:
     def __init__(self, inputs: PassInputs) -> None:
         self.inputs = inputs
         self._settled = False  # whether the ranks agreed on the version (torch.distributed)
+        self._agreed: str | None = None  # the dataset's key in the process group's store
+        self._refreshes = 0  # refreshes so far, which number their keys
         self._ranks = self._read_ranks()
         #: A Stateful restore, for the next pass.
         self._pending: tuple[PassState, WorkerPosition] | None = None
@@ -77,7 +74,7 @@ class PassControl:
         options = self.inputs.settings.options
         context = current_context(options.rank, options.world_size)
         if not self._settled and options.rank is None and context.world_size > 1:
-            agreement.settle(self.inputs.versions, post_first, context.rank)
+            self._agreed = agreement.settle(self.inputs.versions, post_first, context.rank)
             self.inputs.channel.set_version(self.inputs.opened.number)
             self._settled = True
         return context.rank, context.world_size
@@ -85,11 +82,12 @@ class PassControl:
     # -- versions -----------------------------------------------------------------------------
 
     def refresh(self) -> VersionNumber:
-        """Move fresh epochs to the newest published version, every rank together.
+        """Move fresh epochs to the newest published version, every rank to the same one
+        (see :func:`.agreement.refresh`).
 
         Raises:
             ConfigError: The ranks were given explicitly (they cannot agree), the version was
-                pinned, or not every rank can read rank 0's choice.
+                pinned, or this rank cannot read the version the job moves to.
         """
         options = self.inputs.settings.options
         if options.world_size is not None and options.world_size > 1:
@@ -97,8 +95,9 @@ class PassControl:
                 "ranks given with rank=/world_size= cannot move to a new version together "
                 "(that takes torch.distributed); make new datasets with version=N on every rank"
             )
-        gather = functools.partial(gather_from_ranks, explicit_ranks=options.rank is not None)
-        number = agreement.refresh(self.inputs.versions, gather, self._ranks[0])
+        self._refreshes += 1
+        key = None if self._agreed is None else f"{self._agreed}/refresh/{self._refreshes}"
+        number = agreement.refresh(self.inputs.versions, post_first, key, self._ranks[0])
         self.inputs.channel.set_version(number)
         return number
 
