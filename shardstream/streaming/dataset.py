@@ -205,14 +205,15 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     def refresh_version(self) -> VersionNumber:
         """Read the newest published version from the next fresh epoch on; return it.
 
-        Every rank moves to the version rank 0 finds (under torch.distributed this is a
-        collective: call it on every rank at the same point, in the training process). An
+        Under torch.distributed every rank moves to the version the first rank to refresh
+        found (posted to the process group's store: no rank waits for another; call it the
+        same number of times on every rank that has the dataset, in the training process). An
         epoch under way, and a resumed one, finish on the version they began with.
         ``StreamOptions(follow_versions=True)`` calls it at each epoch's start.
 
         Raises:
             ConfigError: The dataset was made with ``version=N``, or with ranks given
-                explicitly, or rank 0's version cannot be read on every rank (names both).
+                explicitly, or this rank cannot read the version the job moves to (names it).
 
         Example:
             >>> ds.refresh_version()  # doctest: +SKIP

@@ -68,10 +68,11 @@ class StreamOptions:
         stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
             often (from ``StreamingDataLoader``); None logs nothing.
         follow_versions: Move to the newest published version of a dataset that grows at each
-            epoch's start, every rank together (rank 0 looks, the others follow): when a
-            ``StreamingDataLoader`` starts an epoch, and at ``set_epoch``. An epoch under way,
-            and a resumed one, keep the version they began with. Off: the dataset reads the
-            version it opened until it is made again (or ``refresh_version`` is called).
+            epoch's start, every rank together (the first rank to start the epoch looks, the
+            others follow): when a ``StreamingDataLoader`` starts an epoch, and at
+            ``set_epoch``. An epoch under way, and a resumed one, keep the version they began
+            with. Off: the dataset reads the version it opened until it is made again (or
+            ``refresh_version`` is called).
 
     Example:
         >>> StreamOptions(num_open=32).num_open
