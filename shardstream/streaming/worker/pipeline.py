@@ -61,7 +61,7 @@ class Batcher:
         """
         clock = self.clock
         skipped = stats.skipped
-        stats.skipped += samples.count(None)  # placeholders of samples that could not be read
+        stats.skipped += sum(sample is None for sample in samples)  # placeholders: unreadable
         converted = [self._convert(sample, stats) for sample in samples]
         kept = [value for value in converted if value is not None]
         if clock is not None:
