@@ -135,3 +135,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The public names (lazy ones included), so ``dir()`` and tab completion list them."""
+    return sorted(set(__all__) | set(globals()))

@@ -74,7 +74,7 @@ def attach_columns(
             view, or pyarrow missing.
         DatasetExistsError: A build, append or index into it is unfinished or running.
 
-    Example:
+    Examples:
         >>> attach_columns("shards/train", "scores.parquet", key="__key__")  # doctest: +SKIP
     """
     arrow = import_arrow()

@@ -174,7 +174,7 @@ def resolve_source(
             different storage.
         ShardNotFoundError: A local shard that the pattern or list names does not exist.
 
-    Example:
+    Examples:
         >>> store, shards, _ = resolve_source("d/train-{0..1}.tar")
         >>> store.root, shards.names()
         ('d', ['train-0.tar', 'train-1.tar'])
@@ -225,7 +225,7 @@ def read_dataset(
         ConfigError: The source names shards (a pattern, a URL list, a ``.txt`` file), not a
             dataset with a manifest.
 
-    Example:
+    Examples:
         >>> store, manifest = read_dataset("shards/train/manifest.json")  # doctest: +SKIP
     """
     if not isinstance(source, (str, os.PathLike)):
@@ -251,7 +251,7 @@ def newest_version(source: Source, storage_options: StorageOptions = None) -> in
     None for sources without versions: patterns, URL lists, and manifest files other than
     ``manifest.json`` (a version's own file always names that version).
 
-    Example:
+    Examples:
         >>> newest_version("shards/crawl")  # doctest: +SKIP
         3
     """

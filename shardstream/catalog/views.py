@@ -67,7 +67,7 @@ def make_view(
         storage_options: fsspec options for remote URLs.
         progress: Called as ``progress(shards_done, shards)`` while the indexes are read.
 
-    Example:
+    Examples:
         >>> view = make_view("shards/train", "shards/train-10pct", fraction=0.1)  # doctest: +SKIP
         >>> view.num_samples  # doctest: +SKIP
         128117
@@ -114,7 +114,7 @@ def split_dataset(
 ) -> dict[str, Manifest]:
     """A view per split in ``dest/<name>``, by key: every key in exactly one split.
 
-    Example:
+    Examples:
         >>> shares = {"train": 0.9, "val": 0.1}
         >>> views = split_dataset("shards/all", "shards/split", shares)  # doctest: +SKIP
     """

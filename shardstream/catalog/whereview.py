@@ -46,7 +46,7 @@ def where_view(
         ConfigError: The source is a view or has no attached fields, or the predicate does
             not parse or names a field the source lacks.
 
-    Example:
+    Examples:
         >>> where_view("shards/train", "shards/pretty", "aesthetic >= 5")  # doctest: +SKIP
     """
     predicate = Predicate(where)

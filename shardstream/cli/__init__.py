@@ -52,7 +52,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 mismatch/error, 2 usage).
 
-    Example:
+    Examples:
         >>> main(["inspect", "shards/train"])  # doctest: +SKIP
         0
     """

@@ -65,7 +65,7 @@ def read_manifest(
         ManifestError: The manifest or its table is malformed, of an unsupported version, or
             implausibly large.
 
-    Example:
+    Examples:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
     return read_manifest_file(as_store(dataset, storage_options), MANIFEST_NAME)

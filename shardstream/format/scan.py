@@ -99,7 +99,7 @@ def scan_shard(
         max_member_bytes: Largest member the scan accepts (data is never held, but a header
             declaring more is reported as corrupt, as the streaming reader would).
 
-    Example:
+    Examples:
         >>> with open("shard-000000.tar", "rb") as f:  # doctest: +SKIP
         ...     scan = scan_shard(f, "shard-000000.tar")
     """

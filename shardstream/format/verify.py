@@ -32,7 +32,7 @@ def verify_dataset(
         ManifestNotFoundError: ``dataset`` has no manifest.
         ChecksumMismatchError: Some shard differs; the message lists every mismatch.
 
-    Example:
+    Examples:
         >>> verify_dataset("shards/train").num_samples  # doctest: +SKIP
         1281167
     """

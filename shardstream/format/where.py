@@ -32,7 +32,7 @@ class Predicate:
     Args:
         text: The expression, e.g. ``"aesthetic >= 5 and label in [1, 2]"``.
 
-    Example:
+    Examples:
         >>> Predicate("aesthetic >= 5 and not nsfw").fields
         ['aesthetic', 'nsfw']
     """

@@ -73,7 +73,7 @@ def build_shards(
         DatasetExistsError: DEST holds something else and ``overwrite`` is false; with
             ``append``, another append into DEST won the race.
 
-    Example:
+    Examples:
         >>> manifest = build_shards("data/train", "shards/train", max_samples_per_shard=5000,
         ...                         workers=4)  # doctest: +SKIP
         >>> manifest.num_samples, len(manifest.shards)  # doctest: +SKIP

@@ -36,7 +36,7 @@ class BuildOptions:
         append: Add the source's samples to the dataset in DEST as new shards after its
             shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
 
-    Example:
+    Examples:
         >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes
         True
     """

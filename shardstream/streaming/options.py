@@ -6,10 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from shardstream.errors import ConfigError
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
 
-__all__ = ["StreamOptions"]
+__all__ = ["StreamOptions", "with_storage_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,7 @@ class StreamOptions:
             and a resumed one, keep the version they began with. Off: the dataset reads the
             version it opened until it is made again (or ``refresh_version`` is called).
 
-    Example:
+    Examples:
         >>> StreamOptions(num_open=32).num_open
         32
     """
@@ -97,3 +98,25 @@ class StreamOptions:
     stats: bool = False
     stats_interval_s: float | None = None
     follow_versions: bool = False
+
+
+def with_storage_options(
+    options: StreamOptions | None, storage_options: Mapping[str, Any] | None
+) -> StreamOptions:
+    """``options`` with ``storage_options`` given as a plain keyword argument folded in.
+
+    Raises:
+        ConfigError: Both name storage options, and they differ.
+    """
+    options = options or StreamOptions()
+    if storage_options is None:
+        return options
+    if options.storage_options is not None and dict(options.storage_options) != dict(
+        storage_options
+    ):
+        raise ConfigError(
+            "storage_options was given twice, as an argument and in StreamOptions, with "
+            "different values: pass it once"
+        )
+    return dataclasses.replace(options, storage_options=dict(storage_options))
+

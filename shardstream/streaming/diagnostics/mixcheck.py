@@ -82,7 +82,7 @@ def check_mix(
     Raises:
         ConfigError: The samples have no label (names the members found and ``--label``).
 
-    Example:
+    Examples:
         >>> summary = check_mix("data/train", MixCheckOptions(workers=2))  # doctest: +SKIP
         >>> summary["distinct_ratio"]  # doctest: +SKIP
         0.95
