@@ -20,7 +20,13 @@ from shardstream.streaming.control.versionset import VersionSet, open_version
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode
 from shardstream.streaming.mixture import Mixture, Stream
-from shardstream.streaming.options import StreamOptions, with_storage_options
+from shardstream.streaming.options import (
+    DecodeMode,
+    OnError,
+    Policy,
+    StreamOptions,
+    with_storage_options,
+)
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout
 from shardstream.streaming.settings import Settings
@@ -103,11 +109,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         *,
         shuffle: bool = True,
         seed: int = 0,
-        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        decode: DecodeMode | str | GpuDecode | Callable[[bytes, str], Any] = "rgb8",
         transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
-        policy: str = "pad",
-        on_error: str = "raise",
+        policy: Policy = "pad",
+        on_error: OnError = "raise",
         options: StreamOptions | None = None,
         epoch_size: int | None = None,
         version: int | None = None,

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from shardstream.errors import ConfigError
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
 
-__all__ = ["StreamOptions", "with_storage_options"]
+__all__ = ["DecodeMode", "OnError", "Output", "Policy", "StreamOptions", "with_storage_options"]
+
+#: What ``decode=`` names: encoded bytes, a PIL image, a uint8 CHW tensor, or the GPU's decode
+#: (``"cuda:N"`` for device N); a callable ``f(bytes, extension)`` is taken too.
+DecodeMode = Literal["raw", "pil", "rgb8", "cuda"]
+#: How epochs are evened across ranks (see ``StreamingDataset``).
+Policy = Literal["pad", "drop", "mask"]
+#: What a corrupt sample or truncated shard does.
+OnError = Literal["raise", "skip"]
+#: What a sample is: ``(image, label)`` or a dict of every field.
+Output = Literal["pair", "dict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +98,7 @@ class StreamOptions:
     canonical_workers: int | None = None
     rank: int | None = None
     world_size: int | None = None
-    output: str = "pair"
+    output: Output = "pair"
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
     memory_map: bool = True

@@ -26,7 +26,7 @@ from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import current_context
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode
-from shardstream.streaming.options import StreamOptions, with_storage_options
+from shardstream.streaming.options import DecodeMode, StreamOptions, with_storage_options
 from shardstream.streaming.worker.reader import ReadSettings, ShardReader
 
 __all__ = ["EvaluationPart", "RandomAccessDataset"]
@@ -57,7 +57,7 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         self,
         source: Source,
         *,
-        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        decode: DecodeMode | str | Callable[[bytes, str], Any] = "rgb8",
         transform: Callable[[Any], Any] | None = None,
         options: StreamOptions | None = None,
         version: int | None = None,
