@@ -36,6 +36,7 @@ from shardstream.catalog.shardurls import (
     refuse_missing,
 )
 from shardstream.catalog.versions import published_version, read_version
+from shardstream.catalog.viewrecords import check_view_files
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
@@ -134,7 +135,12 @@ class ShardList:
 
 
 def source_of(store: Store, manifest: Manifest) -> ShardSource:
-    """The shard source a dataset's manifest describes (its roots, view and exclusions)."""
+    """The shard source a dataset's manifest describes (its roots, view and exclusions).
+
+    Raises:
+        ManifestError: A view whose files went with its pruned source version.
+    """
+    check_view_files(store, manifest)
     selection = view_selection(store, manifest)
     shards = root_store(store, manifest.shard_root)
     indexes = root_store(store, manifest.index_root)

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.catalog.viewmanifest import view_manifest
+from shardstream.catalog.viewrecords import record_view
 from shardstream.catalog.whereview import where_view
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet
@@ -100,6 +101,7 @@ def make_view(
     view = view_manifest(origin, manifest, counts, selection.as_dict(keys_file),
                          manifest.exclusions, _columns_of(origin, manifest))  # fmt: skip
     write_manifest(target, view)
+    record_view(origin, target, manifest.version)
     return view
 
 
