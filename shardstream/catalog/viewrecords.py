@@ -110,15 +110,15 @@ def check_view_files(dataset: Store, manifest: Manifest) -> None:
             return
     except (OSError, ShardstreamError):
         return  # the source cannot be asked: the reads will say what is wrong
-    places = [
+    places: list[tuple[Store, Iterable[str]]] = [
         (root_store(dataset, manifest.shard_root), manifest.shards.names),
         (root_store(dataset, manifest.index_root),
          [name for name in manifest.shards.indexes or () if name]),
     ]  # fmt: skip
     if manifest.columns is not None:
         names = manifest.shards.names[: manifest.columns.num_shards]
-        files = [column_file(manifest.columns.folder, name) for name in names]
-        places.append((root_store(dataset, manifest.columns.root), files))
+        fields = [column_file(manifest.columns.folder, name) for name in names]
+        places.append((root_store(dataset, manifest.columns.root), fields))
     for store, files in places:
         missing = [name for name in files if not store.exists(name)]
         if missing:
