@@ -192,3 +192,35 @@ def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
     assert manifest.num_samples == len(list(images.rglob("img_*")))
     assert main(["build", str(images), str(dest), "-q", "--seed", "3"]) == 1  # others: refused
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_small_edges_are_told_plainly(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["view", str(dataset), str(tmp_path / "s"), "--split", "train=0.9,val=0.2"]) == 1
+    err = capsys.readouterr().err
+    assert "add up to 1" in err and "sum 1.1" in err, err
+    assert not (tmp_path / "s").exists()
+    nowhere = tmp_path / "nowhere"
+    for argv in (["inspect", str(nowhere)], ["index", str(nowhere)], ["verify", str(nowhere)],
+                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"]):  # fmt: skip
+        assert main([*argv, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert f"{nowhere}: does not exist; check the path" in err, err
+        assert "build" not in err and "holds no" not in err, err
+    result = _cli("index", str(dataset), "--wokers", "2")
+    assert result.returncode == 2 and "did you mean --workers?" in result.stderr, result.stderr
+    result = _cli("build", str(dataset), str(tmp_path / "x"), "--on-eror", "skip")
+    assert "did you mean --on-error?" in result.stderr, result.stderr
+
+
+def test_inspect_lists_the_attached_fields_and_their_table(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "scores.csv"
+    table.write_text("__key__,score,caption\ns000001,3.5,a\ns000002,4,b\n")
+    assert main(["attach", str(dataset), str(table), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(dataset)]) == 0
+    out = capsys.readouterr().out
+    assert f"fields:   caption (string), score (double) (attached by version 2 from {table}" in out

@@ -99,8 +99,10 @@ def attach_columns(
         if base.columns is not None:  # fields attached before stay, after the new ones
             types = {**types, **{k: v for k, v in base.columns.fields.items() if k not in types}}
         columns = ColumnSet(folder, types, len(base.shards))
+        table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else None
         settings = {**base.settings, "attach": {"request": request, "fields": list(fields),
-                                               "matched_samples": matched}}  # fmt: skip
+                                               "matched_samples": matched,
+                                               "table": table_name}}  # fmt: skip
         manifest = Manifest(
             shards=base.shards, class_names=base.class_names, settings=settings,
             skipped=base.skipped, created_by=f"shardstream {__version__} attach",
