@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from shardstream._version import __version__
-from shardstream.catalog.tablefiles import cast_declared, declared_types, read_table_file
+from shardstream.catalog.tablefiles import (
+    cast_declared,
+    declared_types,
+    from_pandas,
+    read_table_file,
+)
 from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError
 from shardstream.format.columns import (
@@ -133,8 +138,7 @@ def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
     if isinstance(table, arrow.Table):
         return cast_declared(table, declared, "the table")
     if hasattr(table, "to_dict") and hasattr(table, "columns"):  # a pandas DataFrame
-        rows = arrow.Table.from_pandas(table, preserve_index=False)
-        return cast_declared(rows, declared, "the DataFrame")
+        return cast_declared(from_pandas(table), declared, "the DataFrame")
     raise ConfigError(f"a table is a file, a pandas DataFrame or a pyarrow Table, not {table!r}")
 
 

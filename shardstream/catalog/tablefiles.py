@@ -18,7 +18,7 @@ from typing import Any
 from shardstream.errors import ConfigError
 from shardstream.format.columns import import_arrow
 
-__all__ = ["cast_declared", "declared_types", "read_table_file"]
+__all__ = ["cast_declared", "declared_types", "from_pandas", "read_table_file"]
 
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
 
@@ -71,6 +71,28 @@ def cast_declared(table: Any, declared: Mapping[str, Any], where: str) -> Any:
             ) from None
         table = table.set_column(position, arrow.field(field, kind), column)
     return table
+
+
+def from_pandas(frame: Any) -> Any:
+    """A pandas DataFrame as an Arrow table; a column of mixed Python types is refused, naming
+    the field and the first row whose type differs."""
+    arrow = import_arrow()
+    try:
+        return arrow.Table.from_pandas(frame, preserve_index=False)
+    except (arrow.ArrowInvalid, arrow.ArrowTypeError, arrow.ArrowNotImplementedError) as error:
+        found = re.search(r"column (.+?) with type", str(error))
+        field = found.group(1) if found else None
+        if field is None or field not in frame.columns:
+            raise ConfigError(f"the DataFrame does not convert to a table: {error}") from None
+        values = [value for value in frame[field].tolist() if value is not None]
+        first = type(values[0]) if values else object
+        row = next((number for number, value in enumerate(frame[field].tolist())
+                    if value is not None and not isinstance(value, first)), None)  # fmt: skip
+        where = f"; row {row} holds {frame[field].iloc[row]!r}" if row is not None else ""
+        raise ConfigError(
+            f"the DataFrame's column {field!r} mixes types ({first.__name__} in its first "
+            f"rows{where}); give it one type (e.g. df[{field!r}].astype(str))"
+        ) from None
 
 
 def _read_csv(path: str, declared: Mapping[str, Any]) -> Any:

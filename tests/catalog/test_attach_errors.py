@@ -102,3 +102,15 @@ def test_a_corrupt_fields_file_is_named_when_a_view_reads_it(
     first.write_bytes(b"PAR1 not really")
     err = _error(["view", str(root), str(tmp_path / "v"), "--where", "x > 0"], capsys)
     assert f"{first.name}: the attached fields' file is not readable Parquet" in err, err
+
+
+def test_a_dataframe_column_of_mixed_types_is_refused_naming_the_row(
+    scored: pathlib.Path,
+) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"__key__": ["s000001", "s000002", "s000003"], "m": [1, 2, "x"]})
+    with pytest.raises(ConfigError, match=r"column 'm' mixes types \(int in its first rows; "
+                       r"row 2 holds 'x'\)"):  # fmt: skip
+        attach_columns(scored, frame)
+    assert read_manifest(scored).version == 2
