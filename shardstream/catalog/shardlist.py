@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.catalog.facts import DatasetFacts
+from shardstream.catalog.shardsizes import refuse_other_shards
 from shardstream.catalog.shardspec import ShardSource, ShardSpec
 from shardstream.catalog.shardurls import (
     SHARD_URL_SUFFIXES,
@@ -37,7 +38,7 @@ from shardstream.catalog.shardurls import (
 )
 from shardstream.catalog.versions import published_version, read_version
 from shardstream.catalog.viewrecords import check_view_files
-from shardstream.errors import ConfigError, ManifestError
+from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.shardtable import NameColumn, ShardTable
@@ -143,38 +144,11 @@ def source_of(store: Store, manifest: Manifest) -> ShardSource:
     check_view_files(store, manifest)
     selection = view_selection(store, manifest)
     shards = root_store(store, manifest.shard_root)
-    _refuse_other_shards(store, shards, manifest)
+    refuse_other_shards(store, shards, manifest)
     indexes = root_store(store, manifest.index_root)
     columns = manifest.columns
     found = None if columns is None else (root_store(store, columns.root), columns)
     return ShardSource(shards, indexes, manifest.shards, selection, manifest.exclusions, found)
-
-
-def _refuse_other_shards(dataset: Store, shards: Store, manifest: Manifest) -> None:
-    """Refuse a manifest whose shards are all other files than it describes (one copied from
-    another dataset): the first, middle and last local shards' sizes, one stat each. One
-    truncated shard among them is left to the reader (``on_error="skip"`` reads the rest)."""
-    table = manifest.shards
-    if not shards.is_local or len(table) < 2:
-        return
-    numbers = sorted({0, len(table) // 2, len(table) - 1})
-    found = []
-    for number in numbers:
-        info = table[number]
-        try:
-            size = shards.size(info.name)
-        except OSError:
-            return  # a missing shard: the reader names it (or skips it)
-        if size == info.num_bytes:
-            return
-        found.append((info.name, info.num_bytes, size))
-    name, expected, size = found[0]
-    raise ManifestError(
-        f"{dataset.shown(MANIFEST_NAME)}: describes other shards than these: {len(found)} of "
-        f"{len(found)} checked differ in size, such as {shards.shown(name)} ({size} bytes, the "
-        f"manifest says {expected}); was it copied from another dataset? Restore its own "
-        "manifest, or index the shards again (`shardstream index DEST --overwrite`)"
-    )
 
 
 def resolve_source(

@@ -104,9 +104,9 @@ def check_view_files(dataset: Store, manifest: Manifest) -> None:
         return
     source, version = root_store(dataset, root), int(view["source_version"])
     try:
-        if source.exists(version_name(version)) or (
-            source.exists(MANIFEST_NAME) and published_version(source) == version
-        ):
+        if not source.exists(MANIFEST_NAME):
+            return  # not the source dataset's folder (an old view of indexed shards), or gone
+        if source.exists(version_name(version)) or published_version(source) == version:
             return
     except (OSError, ShardstreamError):
         return  # the source cannot be asked: the reads will say what is wrong
