@@ -18,6 +18,7 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.catalog.viewmanifest import view_manifest
+from shardstream.catalog.viewrecords import record_view
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet, column_file, read_column_table
 from shardstream.format.exclusions import Exclusions
@@ -75,6 +76,7 @@ def where_view(
     target = Store(os.fspath(dest), storage_options)
     target.makedirs()
     write_manifest(target, view)
+    record_view(origin, target, manifest.version)
     return view
 
 

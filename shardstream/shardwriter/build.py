@@ -68,7 +68,8 @@ def build_shards(
         The manifest of the finished dataset.
 
     Raises:
-        SourceError: An unreadable/corrupt file (``on_error="raise"``), a bad or empty source.
+        SourceError: An unreadable file or an image that fails the signature/end-marker
+            check (``on_error="raise"``), a bad or empty source.
         DuplicateKeyError: Two samples share a key.
         DatasetExistsError: DEST holds something else and ``overwrite`` is false; with
             ``append``, another append into DEST won the race.

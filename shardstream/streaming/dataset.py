@@ -159,6 +159,14 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         """Batches per rank per epoch when ``batch_size`` is set, else samples per rank."""
         return self.control.epoch_steps()
 
+    def __getitem__(self, index: Any) -> Any:
+        """Refused with a pointer: a stream has no ``ds[i]`` (torch's message names none)."""
+        raise TypeError(
+            f"StreamingDataset streams samples in epochs and has no ds[{index!r}]; iterate it "
+            "(or a StreamingDataLoader over it), or open the same source with "
+            "RandomAccessDataset(source) for ds[i] and ds.by_key(key)"
+        )
+
     # -- what was opened ----------------------------------------------------------------------
 
     @property
