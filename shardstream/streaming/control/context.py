@@ -45,7 +45,7 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
     Raises:
         ConfigError: Only one of ``rank``/``world_size`` was given, or they are inconsistent.
 
-    Example:
+    Examples:
         >>> current_context(rank=1, world_size=4).rank
         1
     """
@@ -79,7 +79,7 @@ def post_first(key: str, value: str) -> str | None:
         key: A key that names what is agreed on (the same on every rank).
         value: What this process proposes.
 
-    Example:
+    Examples:
         >>> post_first("shardstream/example", "3") is None  # without torch.distributed
         True
     """
