@@ -12,6 +12,11 @@ memory in every process that maps it, and the page-cache pages of memory-mapped 
 ms/sample is the CPU time (user + system) of the row's whole process tree, DataLoader workers and
 DALI threads included, per sample.
 
+Thread rows: "shardstream, threads" is ``StreamingDataLoader(num_threads=N)`` with N the
+column's worker count (the same core budget), and "SPDL" is Meta's thread-pool loader with its
+own decoder on the same shards (``benchmarks/_spdl.py``; ``pip install spdl`` and FFmpeg's
+shared libraries, skipped with a note otherwise), with as many threads (at least 1).
+
 Train mode also runs NVIDIA DALI's CPU pipeline on the same shards (``benchmarks/_dali.py``; it
 needs ``pip install nvidia-dali-cuda130`` and is skipped with a note otherwise), with as many
 DALI threads as DataLoader workers (at least 1). When ``nvidia-nvimgcodec-cu13`` is installed,
@@ -42,6 +47,7 @@ from _dali import dali_version, run_dali_epoch, write_dali_indexes
 from _data import DATA_ROOT, imagenet_like, tiny_tree
 from _extra import class_mix, report_extra, startup
 from _measure import BATCH, PeakRss, cpu_seconds
+from _spdl import run_spdl_epoch, spdl_version
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 #: The order of shardstream 0.2: whole shards, 64 lanes of 64 samples (less mixed, fewer reads).
@@ -51,7 +57,9 @@ LABELS = {
     "shardstream-read": "shardstream, memory_map=False",
     "shardstream-shards": "shardstream, whole shards (0.2's order)",
     "shardstream-stats": "shardstream, stats=True",
+    "shardstream-threads": "shardstream, threads",
     "dali": "DALI CPU",
+    "spdl": "SPDL",
 }
 
 
@@ -112,6 +120,10 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         ),
     )
     del torch
+    if row == "shardstream-threads":
+        from shardstream.streaming import StreamingDataLoader
+
+        return StreamingDataLoader(ds, num_threads=max(1, workers))
     return DataLoader(ds, batch_size=None, num_workers=workers)
 
 
@@ -121,7 +133,9 @@ def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
         return run_limit(mode, paths)
     if row == "dali":
         return run_dali(workers, paths)
-    if row in ("shardstream", "shardstream-stats"):  # the default install: no crop decode
+    if row == "spdl":
+        return run_spdl(mode, workers, paths)
+    if row in ("shardstream", "shardstream-stats", "shardstream-threads"):  # no crop decode
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     memory = PeakRss()
     cpu = cpu_seconds()
@@ -158,6 +172,20 @@ def run_dali(workers: int, paths: dict) -> dict:
     memory = PeakRss()
     cpu = cpu_seconds()
     r = run_dali_epoch(paths["dali_tars"], paths["dali_indexes"], BATCH, max(1, workers))
+    return {
+        "samples": r["samples"],
+        "per_s": r["samples"] / r["seconds"],
+        "first_s": r["first_s"],
+        "mb": memory.stop(),
+        "cpu_ms": (cpu_seconds() - cpu) / max(r["samples"], 1) * 1000,
+    }
+
+
+def run_spdl(mode: str, workers: int, paths: dict) -> dict:
+    """One epoch of SPDL's pipeline with ``max(1, workers)`` threads."""
+    memory = PeakRss()
+    cpu = cpu_seconds()
+    r = run_spdl_epoch(paths["shards"], mode, BATCH, max(1, workers))
     return {
         "samples": r["samples"],
         "per_s": r["samples"] / r["seconds"],
@@ -216,6 +244,9 @@ def child(task: dict) -> dict:
 
     if task.get("row") == "dali":
         import nvidia.dali  # noqa: F401
+    if task.get("row") == "spdl":
+        import spdl.io
+        import spdl.pipeline  # noqa: F401
 
     # One torch thread, as in DataLoader workers: in the main process (0 workers, "limit") torch's
     # default of one thread per core only adds spinning on these small tensors.
@@ -287,6 +318,7 @@ def prepare(args: argparse.Namespace) -> dict:
         shards = Path(paths["shards"])
         tars, indexes = write_dali_indexes(shards, shards.with_name(shards.name + "-dali-index"))
         paths.update(dali_tars=tars, dali_indexes=indexes)
+    paths["spdl"] = spdl_version()
     return paths
 
 
@@ -295,6 +327,7 @@ def versions() -> str:
     from importlib import metadata
 
     names = ["shardstream", "torch", "torchvision", "webdataset", "Pillow", "nvidia-dali-cuda130"]
+    names.append("spdl")
     names.append("nvidia-nvimgcodec-cu13")
     found = []
     for name in names:
@@ -312,13 +345,18 @@ def has_nvimgcodec() -> bool:
         return False
 
 
-def rows_for(mode: str, paths: dict) -> list[str]:
-    """The loaders measured in ``mode``: DALI in train mode when installed, shardstream with
-    and without nvImageCodec when it is installed, and in raw mode also without memory maps."""
+def rows_for(mode: str, paths: dict, workers: int) -> list[str]:
+    """The loaders measured in ``mode``: DALI in train mode and SPDL when installed,
+    shardstream with and without nvImageCodec when it is installed, with threads at a budget of
+    one core or more, and in raw mode also without memory maps."""
     rows = ["imagefolder", "webdataset"]
     if mode == "train" and "dali_tars" in paths:
         rows.append("dali")
+    if paths.get("spdl"):
+        rows.append("spdl")
     rows.append("shardstream")
+    if workers > 0:
+        rows.append("shardstream-threads")
     if mode == "raw":
         rows += ["shardstream-read", "shardstream-shards", "shardstream-stats"]
     if mode == "train" and has_nvimgcodec():
@@ -348,6 +386,8 @@ def main() -> None:
     )
     if "train" in args.modes and "dali_tars" not in paths:
         print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")
+    if not paths.get("spdl"):
+        print("SPDL: skipped, spdl.io does not load (pip install spdl, and FFmpeg's libraries)\n")
     print(
         "| mode | workers | loader | samples/s | vs limit | vs ImageFolder | vs DALI CPU "
         "| CPU ms/sample | first batch s | peak MB |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -356,7 +396,7 @@ def main() -> None:
         limit = spawn({"kind": "epoch", "row": "limit", "mode": mode, "workers": 0, "paths": paths})
         for workers in args.workers:
             results = {}
-            for row in rows_for(mode, paths):
+            for row in rows_for(mode, paths, workers):
                 if args.loaders and row not in args.loaders:
                     continue
                 task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
