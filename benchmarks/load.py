@@ -80,7 +80,7 @@ def transform_for(mode: str):  # type: ignore[no-untyped-def]
     )
 
 
-def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore[no-untyped-def]
+def make_loader(row: str, mode: str, workers: int, paths: dict, epochs: int = 1):  # type: ignore[no-untyped-def]
     import torch
     from torch.utils.data import DataLoader
 
@@ -105,7 +105,8 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         else:
             ds = ds.decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
         collate = (lambda b: b) if mode == "raw" else None
-        return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate)
+        persist = _persist(workers, epochs)
+        return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate, **persist)
     from shardstream.streaming import StreamingDataset, StreamOptions
 
     ds = StreamingDataset(
@@ -124,43 +125,56 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         from shardstream.streaming import StreamingDataLoader
 
         return StreamingDataLoader(ds, num_threads=max(1, workers))
-    return DataLoader(ds, batch_size=None, num_workers=workers)
+    return DataLoader(ds, batch_size=None, num_workers=workers, **_persist(workers, epochs))
 
 
-def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
-    """One epoch of one row: samples/s, time to first batch, peak memory, CPU ms/sample."""
+def _persist(workers: int, epochs: int) -> dict:
+    """Workers that stay for the next epoch when several are measured (as a trainer keeps them)."""
+    return {"persistent_workers": True} if workers and epochs > 1 else {}
+
+
+def run_epoch(row: str, mode: str, workers: int, paths: dict, epochs: int = 1) -> dict:
+    """One row: samples/s, time to first batch, peak memory, CPU ms/sample.
+
+    With ``epochs > 1`` samples/s is of the epochs after the first (the steady rate, start-up
+    left out; workers persist); CPU ms/sample is of all epochs.
+    """
     if row == "limit":
         return run_limit(mode, paths)
     if row == "dali":
         return run_dali(workers, paths)
     if row == "spdl":
-        return run_spdl(mode, workers, paths)
+        return run_spdl(mode, workers, paths, epochs)
     if row in ("shardstream", "shardstream-stats", "shardstream-threads"):  # no crop decode
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     memory = PeakRss()
     cpu = cpu_seconds()
     start = time.perf_counter()
-    loader = make_loader(row, mode, workers, paths)
+    loader = make_loader(row, mode, workers, paths, epochs)
     if row == "shardstream-stats":  # the training loop's side of the statistics too
         from shardstream.streaming.diagnostics.stats import LoaderStats
 
         loader = LoaderStats(loader.dataset).watch(loader)
     first, count = None, 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        count += (
-            len(batch[1])
-            if isinstance(batch, (tuple, list))
-            and len(batch) == 2
-            and not isinstance(batch[0], tuple)
-            else len(batch)
-        )
-    seconds = time.perf_counter() - start
+    steady, steady_count = start, 0
+    for epoch in range(epochs):
+        if epoch == 1:
+            steady, steady_count = time.perf_counter(), count
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            count += (
+                len(batch[1])
+                if isinstance(batch, (tuple, list))
+                and len(batch) == 2
+                and not isinstance(batch[0], tuple)
+                else len(batch)
+            )
+    seconds = time.perf_counter() - steady
     del loader  # its workers have exited and been joined: their CPU time is in RUSAGE_CHILDREN
     return {
         "samples": count,
-        "per_s": count / seconds,
+        "per_s": (count - steady_count) / seconds,
         "first_s": first,
         "mb": memory.stop(),
         "cpu_ms": (cpu_seconds() - cpu) / max(count, 1) * 1000,
@@ -181,17 +195,20 @@ def run_dali(workers: int, paths: dict) -> dict:
     }
 
 
-def run_spdl(mode: str, workers: int, paths: dict) -> dict:
-    """One epoch of SPDL's pipeline with ``max(1, workers)`` threads."""
+def run_spdl(mode: str, workers: int, paths: dict, epochs: int = 1) -> dict:
+    """SPDL's pipeline with ``max(1, workers)`` threads (one pipeline per epoch, as SPDL's
+    examples build it); ``epochs`` as in :func:`run_epoch`."""
     memory = PeakRss()
     cpu = cpu_seconds()
-    r = run_spdl_epoch(paths["shards"], mode, BATCH, max(1, workers))
+    runs = [run_spdl_epoch(paths["shards"], mode, BATCH, max(1, workers)) for _ in range(epochs)]
+    r = runs[0]
+    steady = runs[1:] or runs
     return {
-        "samples": r["samples"],
-        "per_s": r["samples"] / r["seconds"],
+        "samples": sum(run["samples"] for run in runs),
+        "per_s": sum(run["samples"] for run in steady) / sum(run["seconds"] for run in steady),
         "first_s": r["first_s"],
         "mb": memory.stop(),
-        "cpu_ms": (cpu_seconds() - cpu) / max(r["samples"], 1) * 1000,
+        "cpu_ms": (cpu_seconds() - cpu) / max(sum(run["samples"] for run in runs), 1) * 1000,
     }
 
 
@@ -255,7 +272,8 @@ def child(task: dict) -> dict:
     kind = task["kind"]
     if kind == "epoch":
         warm_page_cache(task["row"], task["paths"])
-        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"])
+        epochs = task.get("epochs", 1)
+        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"], epochs)
     if kind == "mix":
         return {"mix": class_mix(task["row"], task["paths"])}
     if kind == "cold":
@@ -372,6 +390,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--modes", nargs="+", default=["raw", "train"])
     parser.add_argument("--repeat", type=int, default=3, help="runs per row (median kept)")
+    parser.add_argument(
+        "--epochs", type=int, default=1, help="epochs per run (>1: samples/s after the first)"
+    )
     parser.add_argument("--no-extra", action="store_true", help="skip the table of extra rows")
     parser.add_argument("--loaders", nargs="+", help="only these rows (e.g. shardstream)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -382,7 +403,8 @@ def main() -> None:
     paths = prepare(args)
     print(
         f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
-        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row\n{versions()}\n"
+        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row"
+        f"{f', samples/s of epochs 2-{args.epochs}' if args.epochs > 1 else ''}\n{versions()}\n"
     )
     if "train" in args.modes and "dali_tars" not in paths:
         print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")
@@ -400,6 +422,7 @@ def main() -> None:
                 if args.loaders and row not in args.loaders:
                     continue
                 task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
+                task["epochs"] = args.epochs
                 results[row] = spawn({**task, "paths": paths}, repeat=args.repeat)
             print_rows(mode, workers, results, limit)
         if mode == "train":
