@@ -252,3 +252,53 @@ def test_every_rank_reads_with_threads_what_it_reads_with_workers(tmp_path: path
     for epoch in range(2):
         keys = [k for r in results for b in r["{'num_threads': 2}"][epoch] for k in b]
         assert set(keys) == {f"s{i:06d}" for i in range(manifest.num_samples)}
+
+
+@pytest.mark.slow
+def test_a_mixture_reads_with_threads_what_it_reads_with_workers(tmp_path: pathlib.Path) -> None:
+    from shardstream import Stream, build_shards
+    from tests.streaming.shards import make_samples
+
+    sources = []
+    for prefix, count in (("a", 50), ("b", 12)):
+        samples = [{**s, "__key__": prefix + s["__key__"]} for s in make_samples(count)]
+        build_shards(samples, tmp_path / prefix, max_samples_per_shard=6)
+        sources.append(str(tmp_path / prefix))
+
+    def loader(**mode: int) -> StreamingDataLoader:
+        streams = [Stream(sources[0], proportion=3), Stream(sources[1], proportion=1)]
+        ds = StreamingDataset(streams, seed=2, batch_size=2, epoch_size=40, options=OPTIONS)
+        return StreamingDataLoader(ds, **mode)
+
+    threaded = _epochs(loader(num_threads=3), 3)
+    assert threaded == _epochs(loader(num_workers=3), 3)
+    assert len({tuple(epoch) for epoch in threaded}) == 3
+
+
+@pytest.mark.slow
+def test_a_state_of_another_world_size_resumes_with_threads(tmp_path: pathlib.Path) -> None:
+    root, manifest = make_dataset(tmp_path, 45, 7)
+
+    def loader(rank: int, world: int, **mode: int) -> StreamingDataLoader:
+        options = StreamOptions(
+            output="dict", num_open=3, piece_size=3, block_size=4, rank=rank, world_size=world
+        )
+        return StreamingDataLoader(_dataset(root, options=options, batch_size=2), **mode)
+
+    states, seen = [], []
+    for rank in range(3):  # 3 ranks read 4 batches each, with workers
+        old = loader(rank, 3, num_workers=2)
+        batches = iter(old)
+        seen += [key for _ in range(4) for key in _batch_keys(next(batches))]
+        states.append(json.loads(json.dumps(old.state_dict())))
+        del batches
+    rest = {"num_threads": [], "num_workers": []}  # type: dict[str, list[str]]
+    for mode in rest:
+        for rank in range(2):  # 2 ranks read the rest of the epoch
+            new = loader(rank, 2, **{mode: 3})
+            new.load_state_dict(states[0])
+            rest[mode] += [key for batch in new for key in _batch_keys(batch)]
+    assert rest["num_threads"] == rest["num_workers"]
+    assert set(seen) | set(rest["num_threads"]) == {
+        f"s{i:06d}" for i in range(manifest.num_samples)
+    }
