@@ -115,13 +115,8 @@ class BackgroundIterator(Generic[T]):
             raise value
         raise StopIteration
 
-    def close(self, timeout_s: float | None = None) -> None:
-        """Stop the thread at its next item and wait for it (idempotent).
-
-        Args:
-            timeout_s: Longest wait for the thread (None: until it stops; an item the
-                iterator is making is finished first).
-        """
+    def stop(self) -> None:
+        """Tell the thread to stop at its next item, without waiting (idempotent)."""
         self._done = True
         self._stop.set()
         while True:  # free a thread blocked on a full queue
@@ -129,6 +124,15 @@ class BackgroundIterator(Generic[T]):
                 self._queue.get_nowait()
             except queue.Empty:
                 break
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the thread at its next item and wait for it (idempotent).
+
+        Args:
+            timeout_s: Longest wait for the thread (None: until it stops; an item the
+                iterator is making is finished first).
+        """
+        self.stop()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
 

@@ -12,6 +12,7 @@ step order.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -19,6 +20,12 @@ from shardstream.storage.background import BackgroundIterator
 from shardstream.streaming.control.context import worker_thread
 
 __all__ = ["thread_batches"]
+
+logger = logging.getLogger("shardstream.streaming")
+
+#: How long a stop waits for a thread to finish the batch it is making (a read that hangs on
+#: a store ends by the store's own timeouts; the loop is not held up for longer).
+_STOP_WAIT_S = 30.0
 
 
 def thread_batches(
@@ -58,7 +65,15 @@ def thread_batches(
                 yield item
     finally:
         for stage in stages:
-            stage.close()
+            stage.stop()  # every thread told first, then each waited for
+        for worker, stage in enumerate(stages):
+            stage.close(timeout_s=_STOP_WAIT_S)
+            if stage.running:
+                logger.warning(
+                    "worker thread %d is still making a batch %.0f s after the loop stopped; "
+                    "it stops when that batch is made (its result is dropped)",
+                    worker, _STOP_WAIT_S,
+                )  # fmt: skip
 
 
 def _worker_items(dataset: Any, pin: bool) -> Iterator[Any]:
