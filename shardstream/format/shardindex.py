@@ -77,7 +77,7 @@ def encode_offsets(
     """The index file's bytes: sample offsets plus the end, and optionally the key hashes and
     (with them) the content digests (16 bytes each, or one blob of them).
 
-    Example:
+    Examples:
         >>> decode_offsets(encode_offsets([0, 1536, 3072]), "x.idx").tolist()
         [0, 1536, 3072]
     """

@@ -30,13 +30,17 @@ class BuildOptions:
             write JPEG. ``None`` passes the original bytes through.
         quality: JPEG quality when re-encoding (implies JPEG output); ``None`` means 90 when
             ``resize`` is set, else no re-encoding.
-        on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
-            it out, logs it and lists it in ``manifest.skipped``.
+        on_error: ``"raise"`` stops at the first unreadable item or image that fails the
+            build's check; ``"skip"`` leaves it out, logs it and lists it in
+            ``manifest.skipped``. Passed-through images are checked by signature and end
+            marker (JPEG, PNG) or header (others), not decoded: damage inside an image's data
+            is found by ``shardstream verify --decode`` (re-encoding with ``resize`` or
+            ``quality`` decodes every image, so it finds it too).
         overwrite: Replace a different dataset or unfinished build already in DEST.
         append: Add the source's samples to the dataset in DEST as new shards after its
             shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
 
-    Example:
+    Examples:
         >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes
         True
     """

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
 from shardstream.format.manifest import ShardInfo, SkippedSample
+from shardstream.format.scan import without_skip_hint
 from shardstream.format.shardindex import encode_offsets, index_name
 from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.format.tarwriter import TarShardWriter
@@ -128,8 +129,9 @@ def _encoded_samples(
             error = error if isinstance(error, SourceError) else _read_error(path, error)
             if options.on_error != "skip":
                 raise error from None
-            logger.warning("skipping %s", error)
-            skipped.append(SkippedSample(path, str(error)))
+            reason = without_skip_hint(str(error))  # it is skipping already
+            logger.warning("skipping %s", reason)
+            skipped.append(SkippedSample(path, reason))
             continue
         source_bytes[0] += int(table.sizes[index])
         yield table.key(index), members, path
