@@ -302,3 +302,14 @@ def test_a_state_of_another_world_size_resumes_with_threads(tmp_path: pathlib.Pa
     assert set(seen) | set(rest["num_threads"]) == {
         f"s{i:06d}" for i in range(manifest.num_samples)
     }
+
+
+def test_statistics_have_a_row_per_thread(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 60, 7)
+    ds = StreamingDataset(root, batch_size=4, options=StreamOptions(stats=True))
+    loader = StreamingDataLoader(ds, num_threads=2)
+    assert sum(len(labels) for _, labels in loader) == 60
+    workers = loader.stats()["passes"][-1]["workers"]
+    assert [row["worker"] for row in workers] == [0, 1]
+    assert sum(row["samples"] for row in workers) == 60
+    assert [row["batches"] for row in workers] == [8, 7]  # each thread's turns, counted once
