@@ -12,6 +12,11 @@ memory in every process that maps it, and the page-cache pages of memory-mapped 
 ms/sample is the CPU time (user + system) of the row's whole process tree, DataLoader workers and
 DALI threads included, per sample.
 
+Thread rows: "shardstream, threads" is ``StreamingDataLoader(num_threads=N)`` with N the
+column's worker count (the same core budget), and "SPDL" is Meta's thread-pool loader with its
+own decoder on the same shards (``benchmarks/_spdl.py``; ``pip install spdl`` and FFmpeg's
+shared libraries, skipped with a note otherwise), with as many threads (at least 1).
+
 Train mode also runs NVIDIA DALI's CPU pipeline on the same shards (``benchmarks/_dali.py``; it
 needs ``pip install nvidia-dali-cuda130`` and is skipped with a note otherwise), with as many
 DALI threads as DataLoader workers (at least 1). When ``nvidia-nvimgcodec-cu13`` is installed,
@@ -42,6 +47,7 @@ from _dali import dali_version, run_dali_epoch, write_dali_indexes
 from _data import DATA_ROOT, imagenet_like, tiny_tree
 from _extra import class_mix, report_extra, startup
 from _measure import BATCH, PeakRss, cpu_seconds
+from _spdl import run_spdl_epoch, spdl_version
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 #: The order of shardstream 0.2: whole shards, 64 lanes of 64 samples (less mixed, fewer reads).
@@ -51,7 +57,9 @@ LABELS = {
     "shardstream-read": "shardstream, memory_map=False",
     "shardstream-shards": "shardstream, whole shards (0.2's order)",
     "shardstream-stats": "shardstream, stats=True",
+    "shardstream-threads": "shardstream, threads",
     "dali": "DALI CPU",
+    "spdl": "SPDL",
 }
 
 
@@ -72,7 +80,7 @@ def transform_for(mode: str):  # type: ignore[no-untyped-def]
     )
 
 
-def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore[no-untyped-def]
+def make_loader(row: str, mode: str, workers: int, paths: dict, epochs: int = 1):  # type: ignore[no-untyped-def]
     import torch
     from torch.utils.data import DataLoader
 
@@ -97,7 +105,8 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         else:
             ds = ds.decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
         collate = (lambda b: b) if mode == "raw" else None
-        return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate)
+        persist = _persist(workers, epochs)
+        return DataLoader(ds, batch_size=BATCH, num_workers=workers, collate_fn=collate, **persist)
     from shardstream.streaming import StreamingDataset, StreamOptions
 
     ds = StreamingDataset(
@@ -112,41 +121,60 @@ def make_loader(row: str, mode: str, workers: int, paths: dict):  # type: ignore
         ),
     )
     del torch
-    return DataLoader(ds, batch_size=None, num_workers=workers)
+    if row == "shardstream-threads":
+        from shardstream.streaming import StreamingDataLoader
+
+        return StreamingDataLoader(ds, num_threads=max(1, workers))
+    return DataLoader(ds, batch_size=None, num_workers=workers, **_persist(workers, epochs))
 
 
-def run_epoch(row: str, mode: str, workers: int, paths: dict) -> dict:
-    """One epoch of one row: samples/s, time to first batch, peak memory, CPU ms/sample."""
+def _persist(workers: int, epochs: int) -> dict:
+    """Workers that stay for the next epoch when several are measured (as a trainer keeps them)."""
+    return {"persistent_workers": True} if workers and epochs > 1 else {}
+
+
+def run_epoch(row: str, mode: str, workers: int, paths: dict, epochs: int = 1) -> dict:
+    """One row: samples/s, time to first batch, peak memory, CPU ms/sample.
+
+    With ``epochs > 1`` samples/s is of the epochs after the first (the steady rate, start-up
+    left out; workers persist); CPU ms/sample is of all epochs.
+    """
     if row == "limit":
         return run_limit(mode, paths)
     if row == "dali":
         return run_dali(workers, paths)
-    if row in ("shardstream", "shardstream-stats"):  # the default install: no crop decode
+    if row == "spdl":
+        return run_spdl(mode, workers, paths, epochs)
+    if row in ("shardstream", "shardstream-stats", "shardstream-threads"):  # no crop decode
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     memory = PeakRss()
     cpu = cpu_seconds()
     start = time.perf_counter()
-    loader = make_loader(row, mode, workers, paths)
+    loader = make_loader(row, mode, workers, paths, epochs)
     if row == "shardstream-stats":  # the training loop's side of the statistics too
         from shardstream.streaming.diagnostics.stats import LoaderStats
 
         loader = LoaderStats(loader.dataset).watch(loader)
     first, count = None, 0
-    for batch in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        count += (
-            len(batch[1])
-            if isinstance(batch, (tuple, list))
-            and len(batch) == 2
-            and not isinstance(batch[0], tuple)
-            else len(batch)
-        )
-    seconds = time.perf_counter() - start
+    steady, steady_count = start, 0
+    for epoch in range(epochs):
+        if epoch == 1:
+            steady, steady_count = time.perf_counter(), count
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - start
+            count += (
+                len(batch[1])
+                if isinstance(batch, (tuple, list))
+                and len(batch) == 2
+                and not isinstance(batch[0], tuple)
+                else len(batch)
+            )
+    seconds = time.perf_counter() - steady
     del loader  # its workers have exited and been joined: their CPU time is in RUSAGE_CHILDREN
     return {
         "samples": count,
-        "per_s": count / seconds,
+        "per_s": (count - steady_count) / seconds,
         "first_s": first,
         "mb": memory.stop(),
         "cpu_ms": (cpu_seconds() - cpu) / max(count, 1) * 1000,
@@ -164,6 +192,23 @@ def run_dali(workers: int, paths: dict) -> dict:
         "first_s": r["first_s"],
         "mb": memory.stop(),
         "cpu_ms": (cpu_seconds() - cpu) / max(r["samples"], 1) * 1000,
+    }
+
+
+def run_spdl(mode: str, workers: int, paths: dict, epochs: int = 1) -> dict:
+    """SPDL's pipeline with ``max(1, workers)`` threads (one pipeline per epoch, as SPDL's
+    examples build it); ``epochs`` as in :func:`run_epoch`."""
+    memory = PeakRss()
+    cpu = cpu_seconds()
+    runs = [run_spdl_epoch(paths["shards"], mode, BATCH, max(1, workers)) for _ in range(epochs)]
+    r = runs[0]
+    steady = runs[1:] or runs
+    return {
+        "samples": sum(run["samples"] for run in runs),
+        "per_s": sum(run["samples"] for run in steady) / sum(run["seconds"] for run in steady),
+        "first_s": r["first_s"],
+        "mb": memory.stop(),
+        "cpu_ms": (cpu_seconds() - cpu) / max(sum(run["samples"] for run in runs), 1) * 1000,
     }
 
 
@@ -216,6 +261,9 @@ def child(task: dict) -> dict:
 
     if task.get("row") == "dali":
         import nvidia.dali  # noqa: F401
+    if task.get("row") == "spdl":
+        import spdl.io
+        import spdl.pipeline  # noqa: F401
 
     # One torch thread, as in DataLoader workers: in the main process (0 workers, "limit") torch's
     # default of one thread per core only adds spinning on these small tensors.
@@ -224,7 +272,8 @@ def child(task: dict) -> dict:
     kind = task["kind"]
     if kind == "epoch":
         warm_page_cache(task["row"], task["paths"])
-        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"])
+        epochs = task.get("epochs", 1)
+        return run_epoch(task["row"], task["mode"], task["workers"], task["paths"], epochs)
     if kind == "mix":
         return {"mix": class_mix(task["row"], task["paths"])}
     if kind == "cold":
@@ -287,6 +336,7 @@ def prepare(args: argparse.Namespace) -> dict:
         shards = Path(paths["shards"])
         tars, indexes = write_dali_indexes(shards, shards.with_name(shards.name + "-dali-index"))
         paths.update(dali_tars=tars, dali_indexes=indexes)
+    paths["spdl"] = spdl_version()
     return paths
 
 
@@ -295,6 +345,7 @@ def versions() -> str:
     from importlib import metadata
 
     names = ["shardstream", "torch", "torchvision", "webdataset", "Pillow", "nvidia-dali-cuda130"]
+    names.append("spdl")
     names.append("nvidia-nvimgcodec-cu13")
     found = []
     for name in names:
@@ -312,13 +363,18 @@ def has_nvimgcodec() -> bool:
         return False
 
 
-def rows_for(mode: str, paths: dict) -> list[str]:
-    """The loaders measured in ``mode``: DALI in train mode when installed, shardstream with
-    and without nvImageCodec when it is installed, and in raw mode also without memory maps."""
+def rows_for(mode: str, paths: dict, workers: int) -> list[str]:
+    """The loaders measured in ``mode``: DALI in train mode and SPDL when installed,
+    shardstream with and without nvImageCodec when it is installed, with threads at a budget of
+    one core or more, and in raw mode also without memory maps."""
     rows = ["imagefolder", "webdataset"]
     if mode == "train" and "dali_tars" in paths:
         rows.append("dali")
+    if paths.get("spdl"):
+        rows.append("spdl")
     rows.append("shardstream")
+    if workers > 0:
+        rows.append("shardstream-threads")
     if mode == "raw":
         rows += ["shardstream-read", "shardstream-shards", "shardstream-stats"]
     if mode == "train" and has_nvimgcodec():
@@ -334,6 +390,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--modes", nargs="+", default=["raw", "train"])
     parser.add_argument("--repeat", type=int, default=3, help="runs per row (median kept)")
+    parser.add_argument(
+        "--epochs", type=int, default=1, help="epochs per run (>1: samples/s after the first)"
+    )
     parser.add_argument("--no-extra", action="store_true", help="skip the table of extra rows")
     parser.add_argument("--loaders", nargs="+", help="only these rows (e.g. shardstream)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -344,10 +403,13 @@ def main() -> None:
     paths = prepare(args)
     print(
         f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
-        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row\n{versions()}\n"
+        f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row"
+        f"{f', samples/s of epochs 2-{args.epochs}' if args.epochs > 1 else ''}\n{versions()}\n"
     )
     if "train" in args.modes and "dali_tars" not in paths:
         print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")
+    if not paths.get("spdl"):
+        print("SPDL: skipped, spdl.io does not load (pip install spdl, and FFmpeg's libraries)\n")
     print(
         "| mode | workers | loader | samples/s | vs limit | vs ImageFolder | vs DALI CPU "
         "| CPU ms/sample | first batch s | peak MB |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -356,10 +418,11 @@ def main() -> None:
         limit = spawn({"kind": "epoch", "row": "limit", "mode": mode, "workers": 0, "paths": paths})
         for workers in args.workers:
             results = {}
-            for row in rows_for(mode, paths):
+            for row in rows_for(mode, paths, workers):
                 if args.loaders and row not in args.loaders:
                     continue
                 task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
+                task["epochs"] = args.epochs
                 results[row] = spawn({**task, "paths": paths}, repeat=args.repeat)
             print_rows(mode, workers, results, limit)
         if mode == "train":

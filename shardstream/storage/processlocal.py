@@ -59,6 +59,10 @@ class ProcessLock:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
+    def __reduce__(self) -> tuple[type[ProcessLock], tuple[()]]:
+        # Pickled to a spawned process (a DataLoader worker) with what holds it: a new lock.
+        return ProcessLock, ()
+
 
 class ProcessLocal(Generic[T]):
     """This process's value, made on first use in each process.

@@ -8,9 +8,11 @@ from typing import Any
 import torch.utils.data
 
 from shardstream.errors import ConfigError
+from shardstream.streaming.control.channel import MAX_WORKERS
 from shardstream.streaming.control.position import LoaderPosition, Position
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.diagnostics.stats import LoaderStats
+from shardstream.streaming.loaderthreads import thread_batches
 
 __all__ = ["StreamingDataLoader"]
 
@@ -31,9 +33,22 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     as it hands it over (:class:`~shardstream.streaming.decoding.gpudecode.GpuDecode`), the next
     batch enqueued while the training step runs; the state counts only batches handed over.
 
+    ``num_threads=N`` reads with N threads of the training process instead of worker
+    processes (:mod:`shardstream.streaming.loaderthreads`): each thread plays one worker, so
+    the epoch, its order, the errors and skips and the state are those of ``num_workers=N``
+    (a state saved with workers resumes with threads and back), while batches are handed over
+    without a copy: raw images stay views of the shard files. Decoding and transforms release
+    the GIL for most of their time, so threads scale until the Python parts meet; see the
+    guide for when to choose which. Random transforms draw from the training process's torch
+    RNG (worker processes each seed their own).
+
     Args:
         dataset: The dataset; it batches inside the workers (this loader uses
             ``batch_size=None``).
+        num_threads: Read with this many threads of the training process (0: as the
+            DataLoader does, with ``num_workers`` processes, or in the loop itself). Not with
+            ``num_workers``; ``prefetch_factor`` is the batches each thread makes ahead
+            (default 2) and ``pin_memory`` pins each batch on its thread.
         **kwargs: DataLoader arguments (``num_workers``, ``pin_memory``, ``persistent_workers``).
 
     Examples:
@@ -41,18 +56,22 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         >>> torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, path)
         >>> # after a restart, at any world size; plain data, so weights_only=True loads it
         >>> loader.load_state_dict(torch.load(path, weights_only=True)["loader"])
+        >>> threads = StreamingDataLoader(ds, num_threads=4, pin_memory=True)  # doctest: +SKIP
     """
 
     dataset: StreamingDataset
 
-    def __init__(self, dataset: StreamingDataset, **kwargs: Any) -> None:
+    def __init__(self, dataset: StreamingDataset, num_threads: int = 0, **kwargs: Any) -> None:
         if kwargs.get("batch_size") is not None:
             raise ConfigError(
                 "StreamingDataLoader batches inside the workers: pass batch_size to "
                 "StreamingDataset and leave the loader's batch_size unset"
             )
         kwargs["batch_size"] = None
+        self._thread_depth, self._thread_pin = _thread_options(num_threads, kwargs)
         super().__init__(dataset, **kwargs)
+        #: Worker threads of the training process (0: worker processes, or none).
+        self.num_threads = num_threads
         self._position = LoaderPosition(dataset.control)
         self._stats = None
         if dataset.stats_board is not None:
@@ -70,23 +89,37 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Equal to ``len(dataset)`` except in an epoch resumed at another layout, where it keeps
         a trainer's batch count (which includes the batches consumed before the restart) right.
         """
-        total = self._position.epoch_steps(self.num_workers)
+        total = self._position.epoch_steps(self._readers)
         return len(self.dataset) if total is None else total
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # wraps the base iterator
         # Processes that outlive the pass fetch the next pass's first pieces as this one ends.
-        ahead = self.num_workers == 0 or self.persistent_workers
+        ahead = self.num_workers == 0 or self.persistent_workers  # threads: the process stays
         self.dataset.control.inputs.channel.set_ahead(ahead)
-        self._position.start_pass(self.num_workers)
-        batches: Iterator[Any] = super().__iter__()
+        self._position.start_pass(self._readers)
+        threads = None
+        if self.num_threads:
+            threads = thread_batches(
+                self.dataset, self.num_threads, self._thread_depth, self._thread_pin
+            )
+        batches: Iterator[Any] = threads if threads is not None else super().__iter__()
         if self._stats is not None:
             batches = self._stats.watch(batches)
         if self.dataset.gpu_decode is not None:  # decode="cuda": one batch ahead on the GPU
             batches = self.dataset.gpu_decode.batches(batches)
-        for item in batches:
-            self._position.advance()
-            yield item
+        try:
+            for item in batches:
+                self._position.advance()
+                yield item
+        finally:  # a break or an error: the threads stop now, not when collected
+            if threads is not None:
+                threads.close()
         self._position.finish()
+
+    @property
+    def _readers(self) -> int:
+        """The workers of this loader's layout: threads, else DataLoader worker processes."""
+        return self.num_threads or self.num_workers
 
     def stats(self) -> dict[str, Any]:
         """Loader statistics as a plain dict (``StreamOptions(stats=True)``; see
@@ -109,7 +142,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             >>> loader.position()  # doctest: +SKIP
             Position(epoch=1, epoch_batches=2, global_batches=9, epoch_length=7)
         """
-        return self._position.position(self.num_workers)
+        return self._position.position(self._readers)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"version", "epoch", "history", "plan", "consumed_batches", layout, "fingerprint",
@@ -118,7 +151,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         Plain values only (loads with ``torch.load(weights_only=True)``). A finished epoch
         saves as fully consumed, so a restore starts the next one.
         """
-        return self._position.state_dict(self.num_workers)
+        return self._position.state_dict(self._readers)
 
     def load_state_dict(self, state: dict[str, Any], allow_new_batch_size: bool = False) -> None:
         """Continue from :meth:`state_dict`, at this loader's world size and worker count.
@@ -134,10 +167,27 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 ``allow_new_batch_size`` (names the field and both values), or a dataset
                 without counts is resumed at another layout.
         """
-        self._position.load_state_dict(state, self.num_workers, allow_new_batch_size)
+        self._position.load_state_dict(state, self._readers, allow_new_batch_size)
 
     @property
     def pass_start(self) -> Position | None:
         """Where the pass under way started (after a restore, the restored place), or None
         before the first pass: a trainer that fetches batches ahead compares this one."""
         return self._position.pass_start
+
+
+def _thread_options(num_threads: int, kwargs: dict[str, Any]) -> tuple[int, bool]:
+    """Check ``num_threads`` against the DataLoader ``kwargs``; take the options threads use
+    out of them: ``(batches each thread makes ahead, pin on the threads)``."""
+    if not isinstance(num_threads, int) or not 0 <= num_threads <= MAX_WORKERS:
+        raise ConfigError(f"num_threads must be an int in [0, {MAX_WORKERS}], got {num_threads!r}")
+    if not num_threads:
+        return 0, False
+    if kwargs.get("num_workers"):
+        raise ConfigError(
+            f"num_threads={num_threads} and num_workers={kwargs['num_workers']}: read with "
+            "threads or with worker processes, not both (set one of them to 0)"
+        )
+    depth = kwargs.pop("prefetch_factor", None) or 2
+    kwargs.pop("persistent_workers", None)  # threads read in the training process, which stays
+    return int(depth), bool(kwargs.pop("pin_memory", False))

@@ -99,3 +99,14 @@ def test_a_process_lock_held_at_a_fork_is_free_in_the_child() -> None:
             pass
 
     assert _fork_while_held(hold, take) == 0, "the child waited for the parent's thread"
+
+
+def test_a_process_lock_pickles_as_a_new_unlocked_lock() -> None:
+    import pickle
+
+    lock = ProcessLock()
+    with lock:
+        copy = pickle.loads(pickle.dumps(lock))  # what a spawned DataLoader worker receives
+    assert isinstance(copy, ProcessLock) and copy is not lock
+    with copy:
+        pass

@@ -9,11 +9,18 @@ for each other); shardstream runs no collective.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 from shardstream.errors import ConfigError
 
-__all__ = ["Context", "current_context", "post_first"]
+__all__ = ["Context", "current_context", "post_first", "worker_thread"]
+
+#: The worker a thread of a thread loader plays: ``(worker, num_workers)``, per thread.
+_thread_worker = threading.local()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,8 +31,11 @@ class Context:
         rank: Rank among ``world_size`` training processes.
         world_size: Number of training processes.
         worker: DataLoader worker id, 0 in the main process.
-        num_workers: DataLoader workers per rank, 1 when loading in the main process.
+        num_workers: DataLoader workers per rank (or threads of a thread loader), 1 when
+            loading in the main process.
         in_worker: Inside a DataLoader worker process (batches then go to shared memory).
+        in_thread: On a thread of a thread loader (``StreamingDataLoader(num_threads=N)``):
+            the worker ``worker`` of ``num_workers``, in the training process.
     """
 
     rank: int = 0
@@ -33,6 +43,29 @@ class Context:
     worker: int = 0
     num_workers: int = 1
     in_worker: bool = False
+    in_thread: bool = False
+
+
+@contextlib.contextmanager
+def worker_thread(worker: int, num_workers: int) -> Iterator[None]:
+    """Make the calling thread play DataLoader worker ``worker`` of ``num_workers``.
+
+    A thread loader runs each worker's pass on a thread of the training process; inside this
+    block :func:`current_context` gives that thread the worker's place, as
+    ``get_worker_info()`` gives a worker process its own, so the same plan is read.
+
+    Example:
+        >>> with worker_thread(1, 2):
+        ...     current_context().worker
+        1
+    """
+    if not 0 <= worker < num_workers:
+        raise ConfigError(f"worker must be in [0, num_workers={num_workers}), got {worker}")
+    _thread_worker.place = (worker, num_workers)
+    try:
+        yield
+    finally:
+        del _thread_worker.place
 
 
 def current_context(rank: int | None = None, world_size: int | None = None) -> Context:
@@ -61,6 +94,9 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
             rank, world_size = 0, 1
     if not 0 <= rank < world_size:
         raise ConfigError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    place = getattr(_thread_worker, "place", None)
+    if place is not None:
+        return Context(rank, world_size, place[0], place[1], in_thread=True)
     info = torch.utils.data.get_worker_info()
     if info is None:
         return Context(rank, world_size)

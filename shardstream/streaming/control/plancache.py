@@ -4,6 +4,7 @@ sequences of its passes (restores ask for the same pass repeatedly)."""
 from __future__ import annotations
 
 from shardstream.catalog.shardlist import ShardList
+from shardstream.storage.processlocal import ProcessLock
 from shardstream.streaming.mixture import Mixture
 from shardstream.streaming.planning.history import PassRecord, pass_sequence
 from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
@@ -28,6 +29,9 @@ class PlanCache:
         self._length: int | None = None
         self._base: tuple[int, BaseSequence] | None = None
         self._passes: dict[tuple[int, tuple[PassRecord, ...]], PassSequence] = {}
+        # The worker threads of a thread loader (and the training thread, planning the next
+        # epoch as a pass ends) ask at once: one answer is never another epoch's.
+        self._lock = ProcessLock()
 
     def epoch_length(self) -> int:
         """Samples in a fresh epoch of a single dataset."""
@@ -37,6 +41,10 @@ class PlanCache:
 
     def base(self, epoch: int) -> BaseSequence:
         """A fresh ``epoch``'s sequence: the epoch's chunks or shards in order, or the mixture's."""
+        with self._lock:
+            return self._base_of(epoch)
+
+    def _base_of(self, epoch: int) -> BaseSequence:
         if self._base is None or self._base[0] != epoch:
             sequence: BaseSequence
             if self._mixture is not None:
@@ -50,10 +58,13 @@ class PlanCache:
     def sequence(self, epoch: int, history: tuple[PassRecord, ...]) -> PassSequence:
         """The sequence of the pass after ``history`` (kept: restores ask for it repeatedly)."""
         key = (epoch, history)
-        if key not in self._passes:
-            base = self.base(epoch)
-            self._passes = {key: pass_sequence(base, epoch, list(history), self._options)}
-        return self._passes[key]
+        with self._lock:
+            found = self._passes.get(key)
+            if found is None:
+                base = self._base_of(epoch)
+                found = pass_sequence(base, epoch, list(history), self._options)
+                self._passes = {key: found}
+            return found
 
     def shape(self, length: int, layout: Layout) -> Shape:
         """The integer layout of a pass over ``length`` samples."""

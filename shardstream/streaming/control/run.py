@@ -95,8 +95,8 @@ def _then_next(items: Iterator[Any], job: WorkerJob) -> Iterator[Any]:
         yield item
         if not started:
             started = True
-            _drop_next()
-    _drop_next()
+            _drop_next(job.context.worker)
+    _drop_next(job.context.worker)
     reader = ShardReader(job.shards, job.settings.read(job.tag_streams))
     try:
         plan = job.following() if reader.announces else None  # local shards: nothing to fetch
@@ -104,16 +104,18 @@ def _then_next(items: Iterator[Any], job: WorkerJob) -> Iterator[Any]:
             context = job.context
             ranks = plan_ranks(plan.layout.world_size, context.world_size, context.rank)
             steps = StepJob(plan, ranks, context.worker, context.num_workers)  # fresh: own turn
-            _announced.get().append((reader, announce_first_step(steps, reader)))
+            announced = _announced.get().setdefault(context.worker, [])
+            announced.append((reader, announce_first_step(steps, reader)))
             return
     except Exception as error:  # the next pass meets the problem itself, and reports it
         logger.debug("announcing the next pass failed: %s", error)
     reader.close()
 
 
-def _drop_next() -> None:
-    """Drop what an earlier pass announced of this one that this one did not take over."""
-    announced = _announced.get()
+def _drop_next(worker: int) -> None:
+    """Drop what an earlier pass of ``worker`` announced of this one and this one did not take
+    over (a thread loader's other workers, threads of this process, keep theirs)."""
+    announced = _announced.get().get(worker, [])
     while announced:
         reader, cursors = announced.pop()
         for cursor in cursors:
@@ -121,8 +123,9 @@ def _drop_next() -> None:
         reader.close()
 
 
-#: The next pass's announcements made as the last pass ended: (reader, cursors), this process's.
-_announced: ProcessLocal[list[tuple[ShardReader, list[Any]]]] = ProcessLocal(list)
+#: The next pass's announcements made as the last pass ended: (reader, cursors), this
+#: process's, by the worker that made them (threads of a thread loader are several workers).
+_announced: ProcessLocal[dict[int, list[tuple[ShardReader, list[Any]]]]] = ProcessLocal(dict)
 
 
 def _freeze_inherited_objects() -> bool:
@@ -156,7 +159,8 @@ def _batcher(job: WorkerJob) -> Batcher:
     )
     clock = None
     if job.board is not None:
-        clock = StageClock(job.board.row(job.context.worker if job.context.in_worker else None))
+        own_row = job.context.in_worker or job.context.in_thread  # one writer per row
+        clock = StageClock(job.board.row(job.context.worker if own_row else None))
     convert = copy.copy(job.convert)  # the clock is this pass's; the dataset's stays unset
     convert.clock = clock
     return Batcher(convert, job.settings.batch_size, collate, job.settings.on_error, clock)

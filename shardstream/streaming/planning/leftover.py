@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -245,9 +246,11 @@ class LeftSequence(DerivedSequence):
         """The run suffixes that rank ``rank``'s stream ``phase`` left of its partly read
         window: their base starts and their offsets among them (kept for the next asks)."""
         key = (rank, phase)
-        if key in self._windows:
-            self._windows.move_to_end(key)
-            return self._windows[key]
+        found = self._windows.get(key)  # one lookup: a thread loader's threads share the cache
+        if found is not None:
+            with contextlib.suppress(KeyError):  # dropped by another thread meanwhile
+                self._windows.move_to_end(key)
+            return found
         index, offset = self.template.windows[phase]
         stream = dataclasses.replace(self._stream, rank=rank, phase=phase)
         window = build_window(self._sequence, self._shape, self._options, stream, index)

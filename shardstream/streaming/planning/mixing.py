@@ -220,12 +220,14 @@ class MixtureSequence(BaseSequence):
 
     def _cycle(self, stream: int, cycle: int) -> BaseSequence:
         key = (stream, cycle)
-        if key not in self._cycles:
+        found = self._cycles.get(key)  # one lookup: a thread loader's threads share the cache
+        if found is None:
             if len(self._cycles) >= 64:
                 self._cycles.clear()
             part = self.streams[stream]
-            self._cycles[key] = epoch_sequence(part.counts, part.seed, cycle, self.options)
-        return self._cycles[key]
+            found = epoch_sequence(part.counts, part.seed, cycle, self.options)
+            self._cycles[key] = found
+        return found
 
     def _stream_runs(self, stream: int, start: int, stop: int, position: int) -> list[Run]:
         """Positions ``[start, stop)`` of a stream's endless cycle, as mixture runs."""

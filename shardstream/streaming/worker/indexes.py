@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 from collections.abc import Sequence
 
 from shardstream.errors import ShardFormatError
@@ -46,6 +47,8 @@ class IndexCache:
         self._store = store
         self._max_shards = max_shards
         self._indexes: collections.OrderedDict[str, ShardIndex | None] = collections.OrderedDict()
+        # The threads of a thread loader share the process's cache (the reads run unlocked).
+        self._lock = threading.Lock()
 
     @classmethod
     def shared(cls, store: Store, max_shards: int = 256) -> IndexCache:
@@ -56,7 +59,7 @@ class IndexCache:
         key = (store.url(""), repr(sorted(store.storage_options.items())))
         cache = caches.get(key)
         if cache is None:
-            cache = caches[key] = cls(store, max_shards)
+            cache = caches.setdefault(key, cls(store, max_shards))  # threads may race here
         cache._max_shards = max(cache._max_shards, max_shards)
         return cache
 
@@ -68,25 +71,29 @@ class IndexCache:
         ``num_samples`` and ``num_bytes`` (the manifest's) are checked against the index, so an
         index of another build is not used.
         """
-        if name in self._indexes:
-            self._indexes.move_to_end(name)
-            return self._indexes[name]
+        with self._lock:
+            if name in self._indexes:
+                self._indexes.move_to_end(name)
+                return self._indexes[name]
         (data,) = read_ranges(self._store, [(name, _read_end(num_samples))])
         return self._keep(name, self._decode(name, data, num_samples, num_bytes))
 
     def preload(self, wanted: Sequence[tuple[str, int | None, int | None]]) -> None:
         """Load the indexes ``(name, num_samples, num_bytes)`` not cached yet, all at once
         (on an object store: one request latency for all of them, not one each)."""
-        missing = {name: (count, size) for name, count, size in wanted if name not in self._indexes}
+        with self._lock:
+            known = set(self._indexes)
+        missing = {name: (count, size) for name, count, size in wanted if name not in known}
         items = list(missing.items())[: self._max_shards]
         found = read_ranges(self._store, [(name, _read_end(count)) for name, (count, _) in items])
         for (name, (count, size)), data in zip(items, found, strict=True):
             self._keep(name, self._decode(name, data, count, size))
 
     def _keep(self, name: str, index: ShardIndex | None) -> ShardIndex | None:
-        self._indexes[name] = index
-        while len(self._indexes) > self._max_shards:
-            self._indexes.popitem(last=False)
+        with self._lock:
+            self._indexes[name] = index
+            while len(self._indexes) > self._max_shards:
+                self._indexes.popitem(last=False)
         return index
 
     def _decode(

@@ -30,6 +30,7 @@ import mmap
 import multiprocessing.reduction
 import os
 import secrets
+import threading
 import weakref
 from multiprocessing.util import Finalize
 from typing import Any
@@ -122,10 +123,15 @@ class _Pool:
         self.max_buffers = max_buffers
         self.buffers: list[_Buffer] = []
         self.generations = 0
+        self._lock = threading.Lock()  # threads of a thread loader take buffers at once
         Finalize(self, _close_all, args=(self.buffers,), exitpriority=10)
 
     def take(self, nbytes: int) -> _Lease | None:
         """A free buffer holding at least ``nbytes`` (grown or added if needed), else None."""
+        with self._lock:
+            return self._take(nbytes)
+
+    def _take(self, nbytes: int) -> _Lease | None:
         free = [buffer for buffer in self.buffers if buffer.free]
         fits = [buffer for buffer in free if buffer.capacity >= nbytes]
         if fits:

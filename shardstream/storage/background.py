@@ -1,0 +1,153 @@
+"""An ordered background stage: one iterator run on a thread of its own, a few items ahead.
+
+The one thread machinery of the training process: the thread loader
+(``StreamingDataLoader(num_threads=N)``) runs each of its N worker passes on one, and a stage
+that finishes batches on a thread of its own (a GPU decode, ``k + 1 .. k + depth`` ahead of
+batch ``k``) is one over the batches it is given. What it guarantees:
+
+- items come out in the order the iterator made them, at most ``depth`` made ahead;
+- an exception raised on the thread is raised on the consumer's thread at its place: after
+  every item made before it was handed out, with its own traceback;
+- :meth:`BackgroundIterator.close` (also on ``break``, an exception in the consumer, or garbage
+  collection) stops the thread at its next item, closes the iterator on that thread (so its
+  ``finally`` blocks run where it ran) and joins it; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+__all__ = ["BackgroundIterator"]
+
+T = TypeVar("T")
+
+_ITEM, _END, _ERROR = 0, 1, 2
+_POLL_S = 0.1  # how often a blocked side looks whether the other one stopped
+
+
+class BackgroundIterator(Generic[T]):
+    """Iterate ``make()`` on a daemon thread, handing its items out in order.
+
+    Args:
+        make: Makes the iterator, on the background thread (so anything it sets up there,
+            such as a thread-local context, is the thread's).
+        depth: Items made ahead of the consumer (at least 1).
+        name: The thread's name (shown in tracebacks and profilers).
+        setup: A context manager factory entered on the thread around the whole iteration
+            (for example, which worker the thread plays).
+
+    Example:
+        >>> with BackgroundIterator(lambda: iter(range(3)), depth=2) as items:
+        ...     list(items)
+        [0, 1, 2]
+    """
+
+    def __init__(
+        self,
+        make: Callable[[], Iterator[T]],
+        depth: int = 2,
+        name: str = "shardstream-stage",
+        setup: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self._make, self._setup = make, setup or contextlib.nullcontext
+        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # -- the background thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with self._setup():
+                items = self._make()
+                try:
+                    for item in items:
+                        if not self._put((_ITEM, item)):
+                            return
+                finally:
+                    close = getattr(items, "close", None)
+                    if close is not None:
+                        close()  # on this thread: a generator's finally runs where it ran
+        except BaseException as error:  # handed to the consumer, raised there at its place
+            self._put((_ERROR, error))
+            return
+        self._put((_END, None))
+
+    def _put(self, entry: tuple[int, Any]) -> bool:
+        """Queue ``entry``; False once the consumer stopped (the entry is dropped)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # -- the consumer -------------------------------------------------------------------------
+
+    def __iter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                kind, value = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    self._done = True  # stopped by close(): nothing more comes
+                    raise StopIteration from None
+        if kind == _ITEM:
+            return value
+        self._done = True
+        self._thread.join()
+        if kind == _ERROR:
+            raise value
+        raise StopIteration
+
+    def stop(self) -> None:
+        """Tell the thread to stop at its next item, without waiting (idempotent)."""
+        self._done = True
+        self._stop.set()
+        while True:  # free a thread blocked on a full queue
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the thread at its next item and wait for it (idempotent).
+
+        Args:
+            timeout_s: Longest wait for the thread (None: until it stops; an item the
+                iterator is making is finished first).
+        """
+        self.stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is still alive."""
+        return self._thread.is_alive()
+
+    def __enter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_done", True):
+            self._done = True
+            self._stop.set()
