@@ -19,8 +19,9 @@ mixture, and on the same shards without a manifest), shardstream tuned (more lan
 with the whole-shard order of 0.2, the remote order's numbers applied to the shards on disk
 (1 rank, and 4 ranks x 2 workers), the same shards read from a real HTTP server (the project's
 Range-capable one on 127.0.0.1, ``_shuffle_remote.py``) with the defaults, so the loader picks
-its remote order itself (1 rank, and 4 ranks x 2 workers), with the shard GETs the server
-answered and their mean size (measured at the server), webdataset with 1,000- and
+its remote order itself (1 rank, and 4 ranks x 2 workers), and at 4 x 2 with the guide's short
+reads for small datasets, with the shard GETs the server answered and their mean size (measured
+at the server), webdataset with 1,000- and
 10,000-sample buffers, mosaic-streaming (py1e, its default, and py1s) and litdata
 (``shuffle=True``). Peers that are not installed are skipped with a note:
 ``pip install mosaicml-streaming litdata``.
