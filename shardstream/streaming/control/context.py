@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 from shardstream.errors import ConfigError
 
