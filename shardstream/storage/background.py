@@ -119,11 +119,11 @@ class BackgroundIterator(Generic[T]):
         """Tell the thread to stop at its next item, without waiting (idempotent)."""
         self._done = True
         self._stop.set()
-        while True:  # free a thread blocked on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        # Free a thread blocked on a full queue. No queue.Empty handling: this also runs while
+        # the interpreter exits (a generator closed then), when module globals may be gone.
+        with self._queue.mutex:
+            self._queue.queue.clear()
+            self._queue.not_full.notify_all()
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stop the thread at its next item and wait for it (idempotent).

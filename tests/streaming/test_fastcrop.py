@@ -309,3 +309,16 @@ def test_window_decoder_is_silent_and_fork_safe() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
+
+
+def test_a_compose_of_the_crop_alone_decodes() -> None:
+    """Compose([RandomResizedCrop]) leaves no steps after the crop (v2.Compose refuses an empty
+    list: making the decoder failed with 'Pass at least one transform')."""
+    transform = v2.Compose([v2.RandomResizedCrop(24, antialias=True)])
+    decoder = crop_decoder_for(transform, "rgb8")
+    assert decoder is not None
+    png = io.BytesIO()
+    Image.new("RGB", (40, 30), (10, 200, 30)).save(png, format="PNG")
+    for data, extension in ((_photo(64, 48, 1), "jpg"), (png.getvalue(), "png")):
+        image = decoder(data, extension)
+        assert tuple(image.shape) == (3, 24, 24) and image.dtype == torch.uint8

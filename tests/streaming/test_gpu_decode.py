@@ -310,7 +310,7 @@ def test_stream_order_protocol_one_batch_ahead(jpeg_dataset: pathlib.Path) -> No
         jpeg_dataset,
         batch_size=8,
         transform=_train(),
-        decode=GpuDecode(device="cpu"),
+        decode=GpuDecode(device="cpu", ahead=0),  # on the calling thread: a fixed order
         shuffle=False,
     )
     stage = dataset.gpu_decode

@@ -79,13 +79,17 @@ def test_gpu_pixels_close_to_the_cpu_stage(backend: str) -> None:
     assert torch.quantile(diff.flatten()[:1_000_000], 0.999) <= 8
 
 
-def test_batches_ahead_equal_synchronous_decodes_under_a_busy_step(backend: str) -> None:
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_batches_ahead_equal_synchronous_decodes_under_a_busy_step(
+    backend: str, ahead: int
+) -> None:
     """The training step's stream is kept busy and overwrites each batch after reading it: any
-    missing wait or allocator reuse across streams shows up as different pixels."""
+    missing wait or allocator reuse across streams (or, with ``ahead``, across the stage's
+    thread and the training thread) shows up as different pixels."""
     batches = [_batch(32, size=128, seed=seed) for seed in range(6)]
     reference = [GpuDecode(backend=backend)(batch).clone() for batch in batches]
     torch.cuda.synchronize()
-    stage = GpuDecode(backend=backend)
+    stage = GpuDecode(backend=backend, ahead=ahead)
     weights = torch.randn(4096, 4096, device="cuda")
     sums = []
     for images in stage.batches(batches):

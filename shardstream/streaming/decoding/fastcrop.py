@@ -89,7 +89,8 @@ class CropDecoder:
 
         self.transform, self.mode = transform, mode
         self.crop = transform.transforms[0]
-        self.rest = v2.Compose(list(transform.transforms[1:]))
+        # v2.Compose refuses no steps: Compose([RandomResizedCrop(224)]) has none after the crop
+        self.rest = v2.Compose(list(transform.transforms[1:]) or [v2.Identity()])
         self.tail = fuse_tail(transform.transforms[1:])  # None: run ``rest`` step by step
         height, width = self.crop.size
         self.out_size = (int(height), int(width))

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.storage.background import BackgroundIterator
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.decoding import gpubackends
 from shardstream.streaming.decoding.encoded import EncodedBatch, EncodedImage
@@ -62,6 +63,10 @@ class GpuDecode:
         max_images: Images decoded per decoder call: bounds the device memory of decoded,
             not yet resized images (a batch is decoded in parts of this many).
         num_threads: Host threads the decoder may use (None: 2).
+        ahead: Batches decoded ahead of the training step, on a thread of the stage's own
+            (its decoder calls release the GIL), so the training thread only queues its own
+            kernels and waits for a finished batch on the device. 0 decodes on the training
+            thread, one batch ahead.
         transform: Set by the dataset: its transform.
 
     Examples:
@@ -76,6 +81,7 @@ class GpuDecode:
     on_error: str | None = None
     max_images: int = 128
     num_threads: int | None = None
+    ahead: int = 2
     transform: Any = None
 
     def __post_init__(self) -> None:
@@ -87,6 +93,8 @@ class GpuDecode:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
         if self.max_images < 1:
             raise ConfigError(f"max_images must be at least 1, got {self.max_images}")
+        if self.ahead < 0:
+            raise ConfigError(f"ahead must be 0 or more batches, got {self.ahead}")
         if not str(self.device).startswith(("cuda", "cpu")):
             raise ConfigError(
                 f"GpuDecode decodes on 'cuda', 'cuda:N' or 'cpu', not {self.device!r}"
@@ -107,25 +115,31 @@ class GpuDecode:
         return self._run().submit(batch).result()
 
     def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """Decode ``batches`` one ahead: batch ``i + 1`` is enqueued before ``i`` is handed out.
+        """Decode ``batches`` ahead of the training step, handing them out in order.
 
-        So the device decodes the next batch while the training step runs. A batch that fails
-        to decode raises after the batch before it was handed out.
+        With ``ahead`` > 0, a thread of the stage pulls batches ``k + 1 .. k + ahead`` from
+        ``batches`` and enqueues their device work on the stage's stream while batch ``k``
+        trains; the calling thread only makes its stream wait for a finished batch's event.
+        With ``ahead=0``, batch ``k + 1`` is enqueued on the calling thread before ``k`` is
+        handed out. Either way a batch that fails to decode raises here, after every batch
+        before it was handed out, and stopping early (``break``, an exception in the loop)
+        stops the thread before this generator returns.
         """
-        run = self._run()
-        pending = None
-        for batch in batches:
-            try:
-                following = run.submit(batch)
-            except Exception:
-                if pending is not None and (value := pending.result()) is not None:
-                    yield value
-                raise
-            if pending is not None and (value := pending.result()) is not None:
-                yield value  # None: a single sample skipped as corrupt
-            pending = following
-        if pending is not None and (value := pending.result()) is not None:
-            yield value
+        run = self._run()  # on the calling thread: its current CUDA device is the one used
+        if self.ahead == 0:
+            yield from _one_ahead(run.submit(batch) for batch in batches)
+            return
+        submitted = BackgroundIterator(
+            lambda: (run.submit(batch) for batch in batches),
+            depth=self.ahead,
+            name="shardstream-gpu-decode",
+        )
+        try:  # the thread keeps the device ahead: hand each batch out at once
+            for pending in submitted:
+                if (value := pending.result()) is not None:
+                    yield value  # None: a single sample skipped as corrupt
+        finally:  # a batch being made is finished first; a stuck source is not waited on
+            submitted.close(timeout_s=_STOP_WAIT_S)
 
     def stats(self) -> dict[str, Any]:
         """This process's counts: ``batches``, ``images`` decoded, ``pillow`` (decoded on the
@@ -160,6 +174,9 @@ class GpuDecode:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
+
+#: Longest wait for the stage's thread when the loop stops early.
+_STOP_WAIT_S = 30.0
 
 _ZERO_COUNTS: dict[str, Any] = {"batches": 0, "images": 0, "pillow": 0, "skipped": 0, "host_s": 0.0}
 
@@ -268,6 +285,18 @@ class _DeviceRun:
         if self.device.type == "cuda":
             part = part.pin_memory().to(self.device, non_blocking=True)
         return part
+
+
+def _one_ahead(pending: Iterator[_Pending]) -> Iterator[Any]:
+    """Each batch handed to the current stream after the next one was submitted (the device
+    decodes it while this one trains); a failure to submit raises after the batch before it."""
+    previous = None
+    for following in pending:
+        if previous is not None and (value := previous.result()) is not None:
+            yield value  # None: a single sample skipped as corrupt
+        previous = following
+    if previous is not None and (value := previous.result()) is not None:
+        yield value
 
 
 def _is_encoded(value: Any) -> bool:

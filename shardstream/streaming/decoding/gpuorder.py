@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,22 +136,28 @@ class Retirements:
     def __init__(self, order: CudaOrder | HostOrder) -> None:
         self.order = order
         self._queue: collections.deque[tuple[Any, list[Any]]] = collections.deque()
+        # The stage's thread retires; the training thread may release all (close()).
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return sum(len(objects) for _, objects in self._queue)
+        with self._lock:
+            return sum(len(objects) for _, objects in self._queue)
 
     def retire(self, event: Any, objects: list[Any]) -> None:
         """Keep ``objects`` until ``event`` completes, then release them."""
-        self._queue.append((event, objects))
+        with self._lock:
+            self._queue.append((event, objects))
         self.release_done()
 
     def release_done(self) -> None:
         """Release the objects of every completed event, oldest first."""
-        while self._queue and self.order.done(self._queue[0][0]):
-            self._queue.popleft()
+        with self._lock:
+            while self._queue and self.order.done(self._queue[0][0]):
+                self._queue.popleft()
 
     def release_all(self) -> None:
         """Wait for every pending event, then release everything."""
-        while self._queue:
-            event, _ = self._queue.popleft()
-            self.order.finish(event)
+        with self._lock:
+            while self._queue:
+                event, _ = self._queue.popleft()
+                self.order.finish(event)
