@@ -15,9 +15,11 @@ batch ``k``) is one over the batches it is given. What it guarantees:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +29,18 @@ T = TypeVar("T")
 
 _ITEM, _END, _ERROR = 0, 1, 2
 _POLL_S = 0.1  # how often a blocked side looks whether the other one stopped
+_EXIT_WAIT_S = 5.0  # how long the interpreter's exit waits for each stage still running
+
+#: Every stage whose thread may still run: stopped before the interpreter exits, since a
+#: daemon thread still inside a torch call at exit aborts the process ("terminate called
+#: without an active exception").
+_LIVE: weakref.WeakSet[BackgroundIterator[Any]] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for stage in list(_LIVE):
+        stage.close(timeout_s=_EXIT_WAIT_S)
 
 
 class BackgroundIterator(Generic[T]):
@@ -60,6 +74,7 @@ class BackgroundIterator(Generic[T]):
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _LIVE.add(self)
         self._thread.start()
 
     # -- the background thread ----------------------------------------------------------------

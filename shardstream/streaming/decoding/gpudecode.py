@@ -63,11 +63,11 @@ class GpuDecode:
         max_images: Images decoded per decoder call: bounds the device memory of decoded,
             not yet resized images (a batch is decoded in parts of this many).
         num_threads: Host threads the decoder may use (None: 2).
+        transform: Set by the dataset: its transform.
         ahead: Batches decoded ahead of the training step, on a thread of the stage's own
             (its decoder calls release the GIL), so the training thread only queues its own
             kernels and waits for a finished batch on the device. 0 decodes on the training
             thread, one batch ahead.
-        transform: Set by the dataset: its transform.
 
     Examples:
         >>> ds = StreamingDataset("shards/train", batch_size=256, transform=train_transform,
@@ -81,8 +81,8 @@ class GpuDecode:
     on_error: str | None = None
     max_images: int = 128
     num_threads: int | None = None
-    ahead: int = 2
     transform: Any = None
+    ahead: int = 2
 
     def __post_init__(self) -> None:
         if self.backend not in gpubackends.BACKENDS:
