@@ -41,7 +41,8 @@ from shardstream.cli.views import add_merge, add_view
 from shardstream.errors import ShardNotFoundError, ShardstreamError, StorageError
 from shardstream.storage import redact_text, secret_values
 from shardstream.storage.diagnose import explain
-from shardstream.storage.redact import redact_error, remember_secrets, url_secrets
+from shardstream.storage.redact import remember_secrets, url_secrets
+from shardstream.storage.redacterrors import redact_error
 
 __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 

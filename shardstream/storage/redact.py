@@ -6,15 +6,12 @@ presigned query strings (``X-Amz-Signature=...``), a password in an ``endpoint_u
 (``AWS_SECRET_ACCESS_KEY``...). This module is the one place that knows them: every store
 remembers its secrets here when it is made (:func:`remember_secrets`, in each process that
 makes or unpickles one), and :func:`redact_text` masks every secret the process knows, as
-well as URL user info and signatures, in any text. :func:`redact_error` does the same to an
-exception and every exception chained to it, in place, so the text of a client's own error
-(botocore, aiohttp, gcsfs, adlfs) and its traceback carry no secret either.
+well as URL user info and signatures, in any text. Exceptions (a client's own, chained into
+shardstream's) and log records are redacted with it in :mod:`.redacterrors`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import re
 import threading
@@ -24,10 +21,8 @@ from typing import Any
 
 __all__ = [
     "REDACTED",
-    "RedactedError",
     "environment_secrets",
     "known_secrets",
-    "redact_error",
     "redact_options",
     "redact_text",
     "redact_url",
@@ -149,31 +144,6 @@ def remember_secrets(secrets: Iterable[str]) -> None:
     with _LOCK:
         _KNOWN.update(new)
         _KNOWN_ORDER[0] = tuple(sorted(_KNOWN, key=len, reverse=True))
-        _redact_log_records()
-
-
-def _redact_log_records() -> None:
-    """Make every log record of this process (shardstream's, and its clients': botocore,
-    aiohttp...) redacted as it is created, once the process knows a secret."""
-    previous = logging.getLogRecordFactory()
-    if getattr(previous, "redacts_secrets", False):
-        return
-
-    def make_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = previous(*args, **kwargs)
-        try:
-            message = record.getMessage()
-        except Exception:  # a bad format is logging's to report, at emit time
-            return record
-        cleaned = redact_text(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and record.exc_info[1] is not None:
-            redact_error(record.exc_info[1])
-        return record
-
-    make_record.redacts_secrets = True  # type: ignore[attr-defined]
-    logging.setLogRecordFactory(make_record)
 
 
 def known_secrets() -> tuple[str, ...]:
@@ -212,87 +182,3 @@ def redact_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
         return value
 
     return dict(clean(dict(options or {}), False))
-
-
-def redact_error(error: BaseException, secrets: Iterable[str] = ()) -> BaseException:
-    """Mask secrets in ``error`` and every exception chained to it, in place; returns it.
-
-    Its arguments, string attributes and notes are redacted as :func:`redact_text` does, so
-    ``str``, ``repr`` and a formatted traceback of the chain carry no secret. An exception
-    whose own ``__str__`` still shows one (it keeps the text elsewhere) is given a subclass
-    of its type that shows the redacted text.
-
-    Example:
-        >>> error = redact_error(OSError("https://u:hunter22@host/x unreachable"))
-        >>> str(error)
-        'https://***@host/x unreachable'
-    """
-    extra = tuple(secrets)
-    seen: list[BaseException] = []
-    pending: list[BaseException | None] = [error]
-    while pending:
-        current = pending.pop()
-        if current is None or any(current is other for other in seen):
-            continue
-        seen.append(current)
-        _redact_one(current, extra)
-        pending += [current.__cause__, current.__context__]
-        grouped = getattr(current, "exceptions", None)  # an exception group (Python 3.11+)
-        if isinstance(grouped, tuple):
-            pending += [item for item in grouped if isinstance(item, BaseException)]
-    return error
-
-
-def _clean(value: Any, secrets: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        return redact_text(value, secrets)
-    if type(value) is tuple:  # not a named tuple: its fields are read by name
-        return tuple(_clean(item, secrets) for item in value)
-    if type(value) is list:
-        return [_clean(item, secrets) for item in value]
-    return value
-
-
-def _leaks(text: str, secrets: tuple[str, ...]) -> bool:
-    return redact_text(text, secrets) != text
-
-
-def _redact_one(error: BaseException, secrets: tuple[str, ...]) -> None:
-    with contextlib.suppress(AttributeError, TypeError):  # read-only for a few types
-        error.args = _clean(error.args, secrets)
-    for name, value in list(getattr(error, "__dict__", {}).items()):
-        if type(value) in (str, tuple, list) and not name.startswith("__"):
-            try:
-                setattr(error, name, _clean(value, secrets))
-            except (AttributeError, TypeError):
-                continue
-    if isinstance(error, OSError):
-        for name in ("strerror", "filename", "filename2"):
-            value = getattr(error, name, None)
-            if isinstance(value, str):
-                setattr(error, name, redact_text(value, secrets))
-    try:
-        text, shown = str(error), repr(error)
-    except Exception:  # an exception that cannot show itself shows nothing secret either
-        return
-    if _leaks(text, secrets) or _leaks(shown, secrets):
-        _show_redacted(error, redact_text(text, secrets), redact_text(shown, secrets))
-
-
-class RedactedError(Exception):
-    """What a redacted exception of a made-up subclass pickles as (its type's name and text)."""
-
-    def __init__(self, kind: str, text: str) -> None:
-        super().__init__(f"{kind}: {text}")
-
-
-def _show_redacted(error: BaseException, text: str, shown: str) -> None:
-    """Give ``error`` a subclass of its type whose ``str``/``repr`` are the redacted ones."""
-    kind = type(error)
-    masked = type(kind.__name__, (kind,), {
-        "__module__": kind.__module__, "__qualname__": kind.__qualname__,
-        "__str__": lambda self: text, "__repr__": lambda self: shown,
-        "__reduce__": lambda self: (RedactedError, (kind.__qualname__, text)),
-    })  # fmt: skip
-    with contextlib.suppress(TypeError):  # a built-in type: its text comes from args
-        error.__class__ = masked

@@ -2,51 +2,25 @@
 
 Everything in shardstream that reads or writes storage holds a :class:`Store` and names files
 relative to its root. The filesystem is resolved on first use in each process, so a store
-pickles to DataLoader workers or tasks (as its URL and options) and reopens there. A store
-tells :mod:`~shardstream.storage.redact` its secrets when it is made, and every exception
-leaving its methods is redacted there (its chained causes too), so no client's error text
-carries them.
+pickles to DataLoader workers or tasks (as its URL and options) and reopens there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from typing import IO, Any, TypeVar, cast
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
+from shardstream.storage import redact, redacterrors
 from shardstream.storage.backends import Backend, backend_for
 from shardstream.storage.backends.localmaps import DEFAULT_MAP_CACHE_BYTES
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranges import Ranges
-from shardstream.storage.redact import (
-    redact_error,
-    redact_url,
-    remember_secrets,
-    secret_values,
-    url_secrets,
-)
 
 __all__ = ["Store", "as_store", "is_local_url"]
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _redacting(method: _Method) -> _Method:
-    """``method``, with the secrets masked in any exception it raises (and its causes)."""
-
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except Exception as error:
-            redact_error(error)
-            raise
-
-    return cast(_Method, call)
 
 
 def is_local_url(url: str | os.PathLike[str]) -> bool:
@@ -55,6 +29,7 @@ def is_local_url(url: str | os.PathLike[str]) -> bool:
     return "://" not in text or text.startswith("file://")
 
 
+@redacterrors.redacting_methods
 class Store:
     """A folder (or URL prefix) and the filesystem it lives on.
 
@@ -76,15 +51,11 @@ class Store:
         self.root = os.fspath(root)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.read_options = read_options or ReadOptions()
-        remember_secrets(self.secrets)
-        if "@" in self.root:
-            backend_for(self.root)  # refuses credentials in an object store's URL, up front
+        redact.remember_secrets(self.secrets)
         #: ``(filesystem, root path)`` for most calls, and for ranged reads (resolved once per
         #: process: forked workers resolve again).
         self._resolved: ProcessLocal[tuple[Any, str]] = ProcessLocal(self._resolve)
-        self._resolved_for_reading: ProcessLocal[tuple[Any, str]] = ProcessLocal(
-            self._resolve_for_reading
-        )
+        self._resolved_for_reading = ProcessLocal(self._resolve_for_reading)
 
     @classmethod
     def for_urls(
@@ -139,9 +110,8 @@ class Store:
 
     @property
     def secrets(self) -> list[str]:
-        """Secret values in the storage options and the root's user info, to scrub from
-        messages."""
-        return [*secret_values(self.storage_options), *url_secrets(self.root)]
+        """Secret values in the storage options and the root's user info, for messages."""
+        return [*redact.secret_values(self.storage_options), *redact.url_secrets(self.root)]
 
     def url(self, name: str = "") -> str:
         """The full URL (or path) of ``name`` under the root; a full URL is returned as is."""
@@ -155,7 +125,7 @@ class Store:
 
     def shown(self, name: str = "") -> str:
         """``url(name)`` with credentials removed, for messages."""
-        return redact_url(self.url(name))
+        return redact.redact_url(self.url(name))
 
     def child(self, name: str) -> Store:
         """The store of a sub-folder (or sub-prefix)."""
@@ -189,7 +159,6 @@ class Store:
         url = self.url(name)
         return url[len("file://") :] if url.startswith("file://") else url
 
-    @_redacting
     def read_target(self, name: str) -> tuple[Any, str]:
         """``(filesystem, path)`` of ``name`` for ranged reads (the backend's reading client:
         on S3 its own retries are off, ours are the only ones)."""
@@ -203,7 +172,6 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------------
 
-    @_redacting
     def open_read(self, name: str = "", start: int = 0, end: int | None = None) -> IO[bytes]:
         """Open bytes ``[start, end)`` of ``name`` (to its end: None) for binary reading.
 
@@ -226,7 +194,6 @@ class Store:
         """
         return self.backend(name).open_read(self, name, start, end)
 
-    @_redacting
     def prefetch(self, ranges: Sequence[tuple[str, int, int]], group: Hashable) -> None:
         """Announce byte ranges ``(name, start, end)`` to be opened soon, soonest first.
 
@@ -238,7 +205,6 @@ class Store:
         if ranges:
             self.backend(ranges[0][0]).prefetch(self, ranges, group)
 
-    @_redacting
     def ranges(self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES) -> Ranges:
         """A reader's byte ranges of this store's files (see :mod:`shardstream.storage.ranges`):
         what a streaming worker asks for, one per pass. Close it when the pass ends.
@@ -254,13 +220,11 @@ class Store:
         """
         return cast(Ranges, self.backend().ranges(self, max_idle, max_map_bytes))
 
-    @_redacting
     def read_bytes(self, name: str) -> bytes:
         """Read a whole (small) object, such as an index, with the same retries as shards."""
         with self.open_read(name) as stream:
             return stream.read()
 
-    @_redacting
     def read_mapped(self, name: str) -> Any:
         """The bytes of ``name`` without a private copy where possible.
 
@@ -270,33 +234,28 @@ class Store:
         """
         return self.backend(name).read_mapped(self, name)
 
-    @_redacting
     def exists(self, name: str = "") -> bool:
         """True when a file or object exists at ``name``."""
         fs, path = self._path(name)
         self.backend(name).forget_listings(fs, path)
         return bool(fs.exists(path))
 
-    @_redacting
     def size(self, name: str) -> int:
         """Byte size of the file or object ``name``."""
         fs, path = self._path(name)
         self.backend(name).forget_listings(fs, path)
         return int(fs.size(path))
 
-    @_redacting
     def list_names(self, name: str = "") -> list[str]:
         """Sorted names of the files directly inside folder ``name``; [] when it is missing."""
         return self.backend(name).list_files(*self._path(name))
 
-    @_redacting
     def list_folders(self, name: str = "") -> list[str]:
         """Sorted names of the folders (object stores: common prefixes) inside folder ``name``."""
         return self.backend(name).list_files(*self._path(name), kind="directory")
 
     # -- writing -------------------------------------------------------------------------------
 
-    @_redacting
     def makedirs(self, name: str = "") -> None:
         """Create a folder and its parents (a no-op on object stores)."""
         self.backend(name).check_writable(self.shown(name))
@@ -317,17 +276,12 @@ class Store:
             >>> with Store("/tmp/out").open_atomic_write("data.bin") as f:  # doctest: +SKIP
             ...     f.write(b"...")
         """
-        try:
-            fs, path = self._path(name)
-            with self.backend(name).atomic_write(
-                fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
-            ) as stream:
-                yield stream
-        except Exception as error:
-            redact_error(error)
-            raise
+        fs, path = self._path(name)
+        with redacterrors.redacting_errors(), self.backend(name).atomic_write(
+            fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
+        ) as stream:
+            yield stream
 
-    @_redacting
     def create_exclusive(self, name: str, data: bytes) -> bool:
         """Create ``name`` holding ``data`` unless it exists; True if this call created it.
 
@@ -342,7 +296,6 @@ class Store:
         backend = self.backend(name)
         return backend.create_exclusive(fs, path, data, self.shown(name), self.read_options)
 
-    @_redacting
     def move(self, source: str, target: str, into: Store | None = None) -> None:
         """Move ``source`` to ``target`` under the root (of ``into``, on the same storage).
 
@@ -353,7 +306,6 @@ class Store:
         fs, source_path = self._path(source)
         self.backend(source).move(fs, source_path, (into or self)._path(target)[1])
 
-    @_redacting
     def remove(self, name: str, missing_ok: bool = True) -> None:
         """Delete one file or object."""
         self.backend(name).check_writable(self.shown(name))
@@ -364,7 +316,6 @@ class Store:
             if not missing_ok:
                 raise
 
-    @_redacting
     def remove_folder(self, name: str = "") -> None:
         """Delete a folder (or every object under a prefix) and all it holds; missing is fine."""
         self.backend(name).check_writable(self.shown(name))

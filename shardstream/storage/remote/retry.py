@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from shardstream.errors import StorageError
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.redact import redact_error, redact_text
+from shardstream.storage.redact import redact_text
+from shardstream.storage.redacterrors import redact_error
 
 __all__ = [
     "Retrier",
