@@ -314,3 +314,32 @@ def test_azure_container_at_account_stays_valid() -> None:
     store = shardstream.Store("az://data@account.blob.core.windows.net/ds")
     assert store.backend().name == "azure"
 
+
+
+def test_a_dataloader_worker_failing_on_a_shard_shows_no_secret(
+    moto_endpoint: str, fault_proxy: FaultProxy, images: pathlib.Path,  # noqa: F811
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A real DataLoader worker formats its error before it crosses processes: the read of a
+    shard whose connection is reset, through an endpoint URL with a password, must reach the
+    training process without the password (nor the secret key)."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-planted-one")
+    fault_proxy.clear()
+    make_fs(moto_endpoint).mkdir(BUCKET, exist_ok=True)
+    direct = {"endpoint_url": moto_endpoint, "key": ACCESS_KEY, "secret": planted("secret")}
+    shardstream.build_shards(images, f"s3://{BUCKET}/worker-ds", storage_options=direct)
+    endpoint = fault_proxy.endpoint_url.replace("//", f"//user:{planted('endpoint')}@")
+    fault_proxy.add(action="reset", path_contains=".tar", times=0)
+    options = shardstream.StreamOptions(storage_options={**direct, "endpoint_url": endpoint})
+    dataset = shardstream.StreamingDataset(
+        f"s3://{BUCKET}/worker-ds", batch_size=2, options=options
+    )
+    loader = shardstream.StreamingDataLoader(dataset, num_workers=1)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - any failure, checked below
+        list(loader)
+    _check_error(raised.value, "a DataLoader worker")
+    assert "worker" in str(raised.value).lower() and "***" in str(raised.value)
+    for record in caplog.records:
+        _without_mark(logging.Formatter().format(record), f"the log record {record.name}")
