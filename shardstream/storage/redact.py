@@ -59,6 +59,10 @@ _ENVIRONMENT_SECRETS = (
 )  # fmt: skip
 #: Shortest option value treated as a secret when scrubbing free text (avoids masking "1").
 _MIN_SECRET_CHARS = 4
+#: Values of secret-looking options that name a way to authenticate, not a secret (gcsfs's
+#: ``token="anon"``...): masking them would mask that word in every message.
+_NOT_SECRETS = frozenset({"anon", "google_default", "cache", "cloud", "browser", "true", "false",
+                          "none", "null"})  # fmt: skip
 
 #: Every secret this process was given (stores made or unpickled here, the command line).
 _KNOWN: set[str] = set()
@@ -111,7 +115,7 @@ def secret_values(options: Mapping[str, Any] | None) -> list[str]:
                 visit(item, secret)
         elif isinstance(value, str):
             found.extend(url_secrets(value))
-            if secret and len(value) >= _MIN_SECRET_CHARS:
+            if secret and len(value) >= _MIN_SECRET_CHARS and value.lower() not in _NOT_SECRETS:
                 found.extend(_variants(value))
 
     visit(options or {}, False)

@@ -337,7 +337,7 @@ def test_a_dataloader_worker_failing_on_a_shard_shows_no_secret(
         f"s3://{BUCKET}/worker-ds", batch_size=2, options=options
     )
     loader = shardstream.StreamingDataLoader(dataset, num_workers=1)
-    with pytest.raises(Exception) as raised:  # noqa: PT011 - any failure, checked below
+    with pytest.raises(shardstream.StorageError) as raised:
         list(loader)
     _check_error(raised.value, "a DataLoader worker")
     assert "worker" in str(raised.value).lower() and "***" in str(raised.value)
