@@ -12,6 +12,7 @@ shardstream's) and log records are redacted with it in :mod:`.redacterrors`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -24,6 +25,7 @@ __all__ = [
     "environment_secrets",
     "known_secrets",
     "redact_options",
+    "redacted_repr",
     "redact_text",
     "redact_url",
     "remember_secrets",
@@ -186,3 +188,16 @@ def redact_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
         return value
 
     return dict(clean(dict(options or {}), False))
+
+
+def redacted_repr(instance: Any) -> str:
+    """A dataclass's ``repr`` as the generated one, its ``storage_options`` and any URL
+    secret or known secret masked (options objects users print or log)."""
+    shown = []
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        if field.name == "storage_options" and value is not None:
+            value = redact_options(value)
+        if field.repr:
+            shown.append(f"{field.name}={value!r}")
+    return redact_text(f"{type(instance).__qualname__}({', '.join(shown)})")

@@ -8,6 +8,7 @@ from typing import Any
 
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
+from shardstream.storage.redact import redacted_repr
 
 __all__ = ["StreamOptions"]
 
@@ -97,3 +98,5 @@ class StreamOptions:
     stats: bool = False
     stats_interval_s: float | None = None
     follow_versions: bool = False
+
+    __repr__ = redacted_repr

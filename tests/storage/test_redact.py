@@ -80,3 +80,14 @@ def test_a_store_redacts_what_its_methods_raise() -> None:
         store.read_bytes(f"{secret}/missing")
     text = "".join(traceback.format_exception(raised.value))
     assert secret not in text and "***/missing" in text
+
+
+def test_options_objects_show_no_secret_in_their_repr() -> None:
+    from shardstream import Stream, StreamOptions
+
+    secret = "-".join(["repr", "secret", "5"])
+    options = {"endpoint_url": "http://127.0.0.1:9000", "secret": secret}
+    stream = Stream(f"https://u:{secret}@host/ds", storage_options=options)
+    for shown in (repr(StreamOptions(storage_options=options)), repr(stream)):
+        assert secret not in shown and "'secret': '***'" in shown
+        assert "endpoint_url': 'http://127.0.0.1:9000'" in shown
