@@ -107,7 +107,7 @@ def _redact_one(error: BaseException, secrets: tuple[str, ...]) -> None:
     with contextlib.suppress(AttributeError, TypeError):  # read-only for a few types
         error.args = _clean(error.args, secrets)
     for name, value in list(getattr(error, "__dict__", {}).items()):
-        if type(value) in (str, tuple, list) and not name.startswith("__"):
+        if type(value) in (str, tuple, list) and (name == "__notes__" or name[:2] != "__"):
             try:
                 setattr(error, name, _clean(value, secrets))
             except (AttributeError, TypeError):

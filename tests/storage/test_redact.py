@@ -47,12 +47,14 @@ def test_an_exception_chain_is_redacted_in_place() -> None:
             error.where = f"http://u:{secret}@host/bucket"  # type: ignore[attr-defined]
             raise error
         except _TextElsewhere as cause:
-            raise OSError(2, f"missing {secret}", f"/tmp/{secret}") from cause
+            error = OSError(2, f"missing {secret}", f"/tmp/{secret}")
+            error.add_note(f"while reading with {secret}")
+            raise error from cause
     except OSError as raised:
         outer = raised
     redact_error(outer)
     text = "".join(traceback.format_exception(outer))
-    assert secret not in text and "missing ***: '/tmp/***'" in text
+    assert secret not in text and "missing ***: '/tmp/***'" in text and "with ***" in text
     assert isinstance(outer.__cause__, _TextElsewhere)  # its type is kept
     assert secret not in repr(outer.__cause__) and "failed at http://***@host" in text
     assert secret not in str(pickle.loads(pickle.dumps(outer.__cause__)))
