@@ -277,6 +277,16 @@ def _entry_points(case: Case, images: pathlib.Path) -> dict[str, Callable[[], An
             case.url, ["class0/0"], storage_options=options
         ),
         "merge_partitions": lambda: shardstream.merge_partitions(case.url, storage_options=options),
+        "split_dataset": lambda: shardstream.split_dataset(
+            case.url, other, {"train": 0.5, "val": 0.5}, storage_options=options
+        ),
+        "compact_dataset": lambda: shardstream.compact_dataset(
+            case.url, workers=1, storage_options=options
+        ),
+        "attach_columns": lambda: shardstream.attach_columns(
+            case.url, {"__key__": ["class0/0"], "score": [1]}, storage_options=options
+        ),
+        "find_duplicates": lambda: shardstream.find_duplicates([case.url], storage_options=options),
     }
 
 
