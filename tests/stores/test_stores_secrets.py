@@ -84,10 +84,7 @@ def case(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-planted-one")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    reset = urllib.request.Request(moto_endpoint + "/moto-api/reset", method="POST")
-    with urllib.request.urlopen(reset, timeout=10):
-        pass
-    make_fs(moto_endpoint).mkdir(BUCKET)
+    _fresh_bucket(moto_endpoint)
     fault_proxy.clear()
     import fsspec
 
@@ -99,6 +96,14 @@ def case(
     yield made
     fault_proxy.clear()
     fsspec.AbstractFileSystem.clear_instance_cache()
+
+
+def _fresh_bucket(endpoint_url: str) -> None:
+    """An empty moto server with one empty bucket."""
+    reset = urllib.request.Request(endpoint_url + "/moto-api/reset", method="POST")
+    with urllib.request.urlopen(reset, timeout=10):
+        pass
+    make_fs(endpoint_url).mkdir(BUCKET)
 
 
 def _make_case(
@@ -337,7 +342,7 @@ def test_a_dataloader_worker_failing_on_a_shard_shows_no_secret(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-planted-one")
     fault_proxy.clear()
-    make_fs(moto_endpoint).mkdir(BUCKET, exist_ok=True)
+    _fresh_bucket(moto_endpoint)
     direct = {"endpoint_url": moto_endpoint, "key": ACCESS_KEY, "secret": planted("secret")}
     shardstream.build_shards(images, f"s3://{BUCKET}/worker-ds", storage_options=direct)
     endpoint = fault_proxy.endpoint_url.replace("//", f"//user:{planted('endpoint')}@")
