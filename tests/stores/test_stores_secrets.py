@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import pathlib
+import shutil
 import traceback
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import ACCESS_KEY, BUCKET, make_fs
 from tests.stores import emulators
 from tests.stores.httpserver import RangeServer
-from tests.streaming.shards import tiny_jpeg
+from tests.streaming.shards import make_dataset, tiny_jpeg
 
 MARK = "PLANTED"
 
@@ -356,5 +357,28 @@ def test_a_dataloader_worker_failing_on_a_shard_shows_no_secret(
         list(loader)
     _check_error(raised.value, "a DataLoader worker")
     assert "worker" in str(raised.value).lower() and "***" in str(raised.value)
+    for record in caplog.records:
+        _without_mark(logging.Formatter().format(record), f"the log record {record.name}")
+
+
+def test_reading_through_an_https_url_with_a_password_shows_it_nowhere(
+    http_server: RangeServer, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """An HTTP(S) URL's user info stays supported (it is the request's credentials), and a
+    successful read's summaries and logs do not show the password either."""
+    caplog.set_level(logging.DEBUG)
+    folder, manifest = make_dataset(tmp_path, num_samples=6, per_shard=3)
+    shutil.copytree(folder, pathlib.Path(http_server.root) / "secret-ds")
+    port = http_server.address[1]
+    url = f"http://reader:{planted('http-read')}@127.0.0.1:{port}/secret-ds"
+    assert main(["inspect", url]) == 0
+    assert main(["verify", url]) == 0
+    out, err = capsys.readouterr()
+    assert f"{manifest.num_samples}" in out and "http://***@127.0.0.1" in out + err
+    _without_mark(out + err, "the output of inspect and verify")
+    dataset = shardstream.StreamingDataset(url, shuffle=False, decode="raw")
+    assert len(list(dataset)) == manifest.num_samples
+    assert MARK not in repr(shardstream.Store(url))
     for record in caplog.records:
         _without_mark(logging.Formatter().format(record), f"the log record {record.name}")
