@@ -3,9 +3,10 @@
 Each subcommand is a module with one ``add_*`` function registering its parser and a handler
 returning the exit status; add a subcommand by appending to ``SUBCOMMANDS``. Every subcommand takes
 ``--storage-option KEY=VALUE`` (repeatable) for remote URLs, and ``-v``/``-q`` before or after
-its name; what the command line prints (summaries, errors, log lines) goes through
-:mod:`shardstream.storage.redact`, so secrets passed that way, or in a URL, never appear in its
-output. Errors are one line, with the command line's flags for the library's argument names.
+its name; what the command line prints (summaries, errors, log lines) and any exception that
+leaves it (with its causes) goes through :mod:`shardstream.storage.redact`, so secrets passed
+that way, in a URL or in the environment, never appear in its output. Errors are one line, with
+the command line's flags for the library's argument names.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from shardstream.cli.views import add_merge, add_view
 from shardstream.errors import ShardNotFoundError, ShardstreamError, StorageError
 from shardstream.storage import redact_text, secret_values
 from shardstream.storage.diagnose import explain
+from shardstream.storage.redact import remember_secrets, url_secrets
+from shardstream.storage.redacterrors import redact_error
 
 __all__ = ["SUBCOMMANDS", "main", "parse_size", "parse_storage_option"]
 
@@ -58,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         0
     """
     args = make_parser().parse_args(argv)
-    secrets = secret_values(storage_options(args))
+    secrets = _secrets(args)
+    remember_secrets(secrets)
     _configure_logging(args.verbose, secrets)
     try:
         status = int(args.handler(args))
@@ -66,7 +70,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except BrokenPipeError:
         return _reader_went_away()
-    except ShardstreamError as error:
+    except BaseException as error:
+        redact_error(error, secrets)  # also what a traceback of a bug would show
+        failed = _failed(error, secrets)
+        if failed is None:
+            raise  # not a storage failure: a bug, shown with its traceback
+        return failed
+
+
+def _secrets(args: argparse.Namespace) -> list[str]:
+    """The secrets on the command line: storage options, and user info in any URL argument."""
+    found = secret_values(storage_options(args))
+    for value in vars(args).values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, str):
+                found.extend(url_secrets(item))
+    return found
+
+
+def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
+    """Exit status 1 after one line on stderr for a failure a user can fix; None for a bug."""
+    if isinstance(error, ShardstreamError):
         # A missing shard's message says what to do; other storage failures get the fix that
         # fits their cause (credentials, endpoint, permissions...).
         told = isinstance(error, ShardNotFoundError)
@@ -75,12 +99,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = str(error) if fix is None else f"{error} -- {fix}"
         print(f"error: {redact_text(cli_spelling(shown), secrets)}", file=sys.stderr)
         return 1
-    except Exception as error:  # storage refused or failed: one line with the fitting fix
-        line = explain(error)
-        if line is None:
-            raise  # not a storage failure: a bug, shown with its traceback
-        print(f"error: {redact_text(line, secrets)}", file=sys.stderr)
-        return 1
+    # Storage refused or failed: one line with the fitting fix.
+    line = explain(error) if isinstance(error, Exception) else None
+    if line is None:
+        return None
+    print(f"error: {redact_text(line, secrets)}", file=sys.stderr)
+    return 1
 
 
 def make_parser() -> argparse.ArgumentParser:

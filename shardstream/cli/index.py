@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from shardstream.cli.common import add_common, human, progress_updates, storage_options
+from shardstream.storage import redact_text
 
 __all__ = ["add_index"]
 
@@ -48,7 +49,7 @@ def _run_index(args: argparse.Namespace) -> int:
             args.source, args.dest, options, storage_options=storage_options(args),
             progress=update,
         )  # fmt: skip
-    where = args.dest or args.source
+    where = redact_text(args.dest or args.source)  # every secret this process was given
     print(
         f"{where}: indexed {len(manifest.shards)} shards, {manifest.num_samples} samples, "
         f"{human(manifest.num_bytes)}"

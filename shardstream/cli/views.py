@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardstream.cli.common import add_storage_options, counting, storage_options
+from shardstream.cli.common import add_storage_options, counting, shown, storage_options
 from shardstream.errors import ConfigError
 
 __all__ = ["add_merge", "add_view"]
@@ -43,7 +43,7 @@ def _run_view(args: argparse.Namespace) -> int:
             views = split_dataset(args.source, args.dest, shares, seed=args.seed,
                                   storage_options=options, progress=progress)  # fmt: skip
         for name, view in views.items():
-            print(f"{args.dest}/{name}: {view.num_samples} samples")
+            print(f"{shown(args)}/{name}: {view.num_samples} samples")
         return 0
     keys = None
     if args.keys:
@@ -53,7 +53,7 @@ def _run_view(args: argparse.Namespace) -> int:
         view = make_view(args.source, args.dest, fraction=args.fraction, keys=keys,
                          where=args.where, seed=args.seed, storage_options=options,
                          progress=progress)  # fmt: skip
-    print(f"{args.dest}: {view.num_samples} samples")
+    print(f"{shown(args)}: {view.num_samples} samples")
     return 0
 
 
@@ -87,6 +87,6 @@ def _run_merge(args: argparse.Namespace) -> int:
 
     manifest = merge_partitions(args.dest, args.partitions, storage_options=storage_options(args))
     parts = manifest.settings.get("partitions")
-    print(f"{args.dest}: merged {parts} partitions, {len(manifest.shards)} shards, "
+    print(f"{shown(args)}: merged {parts} partitions, {len(manifest.shards)} shards, "
           f"{manifest.num_samples} samples")  # fmt: skip
     return 0

@@ -19,8 +19,9 @@ atomic publish. Its parts:
 - ``patterns.py``: shard URLs as written: globs expanded, list entries resolved, missing files;
 - ``bounded.py``, ``processlocal.py``: a local file that ends at a range's end, one object per
   process (what a forked worker inherits is never used);
-- ``limits.py``, ``lock.py``, ``redact.py``, ``diagnose.py``: open-file budgets, one writer per
-  local destination, keeping credentials out of messages, one-line failure diagnoses.
+- ``limits.py``, ``lock.py``, ``redact.py`` and ``redacterrors.py``, ``diagnose.py``: open-file
+  budgets, one writer per local destination, keeping credentials out of messages, exceptions
+  and log records, one-line failure diagnoses.
 """
 
 from __future__ import annotations

@@ -34,6 +34,18 @@ def _names(error: BaseException) -> set[str]:
     return {kind.__name__ for kind in type(error).__mro__}
 
 
+def _status(error: BaseException) -> int | None:
+    """The HTTP status of a client's error (Azure's ``status_code``, gcsfs's ``code``,
+    aiohttp's ``status``), when it carries one."""
+    if isinstance(error, OSError):
+        return None  # its errno is no HTTP status
+    for name in ("status_code", "code", "status"):
+        value = getattr(error, name, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    return None
+
+
 def explain(error: BaseException, detail: bool = True) -> str | None:
     """One line for a storage failure anywhere in ``error``'s chain; None when it is not one.
 
@@ -46,7 +58,8 @@ def explain(error: BaseException, detail: bool = True) -> str | None:
     chain = _chain(error)
     for cause in chain:
         names = _names(cause)
-        text = f" ({str(cause).strip()})" if detail else ""
+        first_line = (str(cause).strip().splitlines() or [""])[0]  # Azure's go on for lines
+        text = f" ({first_line})" if detail else ""
         if names & _CREDENTIALS or "Unable to locate credentials" in str(cause):
             return (
                 f"the object store refused the credentials or found none{text}: set "
@@ -58,6 +71,13 @@ def explain(error: BaseException, detail: bool = True) -> str | None:
                 f"cannot connect to the storage endpoint{text}: check --storage-option "
                 "endpoint_url=... (scheme, host and port) and that the server is running"
             )
+        if _status(cause) in (401, 403):
+            return (
+                f"access denied{text}: check the credentials and their permissions on the "
+                "bucket or container and prefix (read, write, list)"
+            )
+        if _status(cause) == 404:
+            return f"not found{text}: check the bucket or container and the prefix"
     for cause in chain:
         if isinstance(cause, OSError) and (line := _os_error(cause)) is not None:
             return line

@@ -13,12 +13,12 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import IO, Any, cast
 
 from shardstream.errors import ConfigError
+from shardstream.storage import redact, redacterrors
 from shardstream.storage.backends import Backend, backend_for
 from shardstream.storage.backends.localmaps import DEFAULT_MAP_CACHE_BYTES
 from shardstream.storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.ranges import Ranges
-from shardstream.storage.redact import redact_url, secret_values
 
 __all__ = ["Store", "as_store", "is_local_url"]
 
@@ -29,6 +29,7 @@ def is_local_url(url: str | os.PathLike[str]) -> bool:
     return "://" not in text or text.startswith("file://")
 
 
+@redacterrors.redacting_methods
 class Store:
     """A folder (or URL prefix) and the filesystem it lives on.
 
@@ -50,12 +51,11 @@ class Store:
         self.root = os.fspath(root)
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.read_options = read_options or ReadOptions()
+        redact.remember_secrets(self.secrets)
         #: ``(filesystem, root path)`` for most calls, and for ranged reads (resolved once per
         #: process: forked workers resolve again).
         self._resolved: ProcessLocal[tuple[Any, str]] = ProcessLocal(self._resolve)
-        self._resolved_for_reading: ProcessLocal[tuple[Any, str]] = ProcessLocal(
-            self._resolve_for_reading
-        )
+        self._resolved_for_reading = ProcessLocal(self._resolve_for_reading)
 
     @classmethod
     def for_urls(
@@ -110,8 +110,8 @@ class Store:
 
     @property
     def secrets(self) -> list[str]:
-        """Secret values in the storage options, to scrub from messages."""
-        return secret_values(self.storage_options)
+        """Secret values in the storage options and the root's user info, for messages."""
+        return [*redact.secret_values(self.storage_options), *redact.url_secrets(self.root)]
 
     def url(self, name: str = "") -> str:
         """The full URL (or path) of ``name`` under the root; a full URL is returned as is."""
@@ -125,7 +125,7 @@ class Store:
 
     def shown(self, name: str = "") -> str:
         """``url(name)`` with credentials removed, for messages."""
-        return redact_url(self.url(name))
+        return redact.redact_url(self.url(name))
 
     def child(self, name: str) -> Store:
         """The store of a sub-folder (or sub-prefix)."""
@@ -277,7 +277,7 @@ class Store:
             ...     f.write(b"...")
         """
         fs, path = self._path(name)
-        with self.backend(name).atomic_write(
+        with redacterrors.redacting_errors(), self.backend(name).atomic_write(
             fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
         ) as stream:
             yield stream

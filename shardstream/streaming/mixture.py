@@ -17,6 +17,7 @@ import numpy as np
 from shardstream.catalog.shardlist import ShardList, Source, resolve_source, source_of
 from shardstream.errors import ConfigError
 from shardstream.storage import ReadOptions, StorageOptions
+from shardstream.storage.redact import redacted_repr
 from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence, stream_quotas
 from shardstream.streaming.planning.order import PlanOptions
 
@@ -51,6 +52,8 @@ class Stream:
     storage_options: Mapping[str, Any] | None = None
     read_options: ReadOptions | None = None
     version: int | None = None
+
+    __repr__ = redacted_repr
 
 
 class Mixture:

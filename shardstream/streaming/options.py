@@ -9,6 +9,7 @@ from typing import Any, Literal
 from shardstream.errors import ConfigError
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
+from shardstream.storage.redact import redacted_repr
 
 __all__ = ["DecodeMode", "OnError", "Output", "Policy", "StreamOptions", "with_storage_options"]
 
@@ -110,6 +111,7 @@ class StreamOptions:
     stats_interval_s: float | None = None
     follow_versions: bool = False
 
+    __repr__ = redacted_repr
 
 def with_storage_options(
     options: StreamOptions | None, storage_options: Mapping[str, Any] | None
@@ -130,4 +132,3 @@ def with_storage_options(
             "different values: pass it once"
         )
     return dataclasses.replace(options, storage_options=dict(storage_options))
-

@@ -204,7 +204,8 @@ class FaultProxy:
             reason = "Slow Down" if action == "503" else "Forbidden"
             _send_head(client, int(action), reason, [("Content-Type", "application/xml")],
                        len(body))  # fmt: skip
-            client.sendall(body)
+            if method != "HEAD":  # an answer to HEAD has no body (the client would read it
+                client.sendall(body)  # as the start of the next answer on the connection)
             return True
         if action in ("reset", "stall") and rule is not None and rule.after_bytes == 0:
             if action == "reset":

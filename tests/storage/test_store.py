@@ -53,9 +53,10 @@ def test_urls_children_and_locality(tmp_path: pathlib.Path) -> None:
 
 
 def test_credentials_never_show_and_stores_pickle_without_their_filesystem() -> None:
-    store = Store("s3://KEY:SECRET@bucket/p", {"secret": "hunter22"}, ReadOptions(max_attempts=2))
+    url = "https://reader:SECRET-pw@host/p"  # an HTTP(S) URL's user info is its credentials
+    store = Store(url, {"secret": "hunter22"}, ReadOptions(max_attempts=2))
     assert "SECRET" not in repr(store) and "SECRET" not in store.shown("x")
-    assert store.secrets == ["hunter22"]
+    assert store.secrets == ["hunter22", "reader:SECRET-pw", "SECRET-pw"]
     memory = Store("memory://pickle-test")
     memory.exists("x")  # resolves the filesystem
     assert memory._resolved.peek() is not None

@@ -13,7 +13,9 @@ from __future__ import annotations
 import importlib
 import os
 
+from shardstream.errors import ConfigError
 from shardstream.storage.backends.generic import Backend
+from shardstream.storage.redact import redact_url
 
 __all__ = ["Backend", "backend_for", "protocol_of"]
 
@@ -56,4 +58,21 @@ def backend_for(url: str | os.PathLike[str]) -> Backend:
         module, name = _BACKENDS.get(protocol, ("generic", "Backend"))
         found = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         backend = _made[protocol] = found()
+    if backend.credentials and "@" in str(url):
+        _refuse_credentials(os.fspath(url), backend)
     return backend
+
+
+def _refuse_credentials(url: str, backend: Backend) -> None:
+    """Refuse ``scheme://KEY:SECRET@bucket/...`` on an object store, whose client would take
+    the credentials for a bucket name (and quote them in its errors), without echoing them.
+
+    Azure's ``az://container@account.blob.core.windows.net/...`` (no password) stays valid.
+    """
+    info = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[0]
+    if not info or (backend.name == "azure" and ":" not in info):
+        return
+    raise ConfigError(
+        f"{redact_url(url)}: {backend.name} URLs cannot carry credentials (the part before "
+        f"'@' is not shown, and was not used); give them as {backend.credentials}"
+    )

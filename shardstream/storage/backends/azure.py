@@ -28,6 +28,12 @@ class AzureBackend(Backend):
     atomic_put = True
     pooled_reads = True
     sizes_from_gets = True
+    credentials = (
+        "storage options (--storage-option account_name=NAME with account_key=..., "
+        "sas_token=... or connection_string=..., or the same in storage_options), or the "
+        "environment (AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+        "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN)"
+    )
 
     def range_source(self, fs: Any, path: str, options: ReadOptions) -> AzureSource:
         return AzureSource(fs, path, options.timeout_s)

@@ -32,6 +32,11 @@ class GcsBackend(Backend):
     atomic_put = True
     pooled_reads = True
     sizes_from_gets = True
+    credentials = (
+        "a storage option (--storage-option token=/path/to/service-account.json, or "
+        "storage_options={'token': ...}), the environment (GOOGLE_APPLICATION_CREDENTIALS), "
+        "or gcloud's default credentials (gcloud auth application-default login)"
+    )
 
     def range_source(self, fs: Any, path: str, options: ReadOptions) -> GcsSource:
         return GcsSource(fs, path, HttpClient(connection_pool(options.timeout_s), {}))

@@ -36,6 +36,9 @@ class Backend:
         sizes_from_gets: A ranged read's answer tells the object's size and version, so no
             stat is needed before the first read.
         writable: Writing is possible at all (HTTP servers are read-only).
+        credentials: How to give this store credentials, for the message that refuses them
+            in a URL; empty when a URL's ``user:password@`` are its credentials (HTTP and most
+            fsspec protocols).
     """
 
     name = "fsspec"
@@ -44,6 +47,7 @@ class Backend:
     pooled_reads = False
     sizes_from_gets = False
     writable = True
+    credentials = ""
 
     # -- resolution ----------------------------------------------------------------------------
 

@@ -35,6 +35,11 @@ class S3Backend(Backend):
     atomic_put = True
     pooled_reads = True
     sizes_from_gets = True
+    credentials = (
+        "storage options (--storage-option key=KEY --storage-option secret=SECRET, or "
+        "storage_options={'key': ..., 'secret': ...}), the environment (AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY), or a profile (--storage-option profile=NAME)"
+    )
 
     def read_filesystem(
         self, url: str, storage_options: Mapping[str, Any], timeout_s: float

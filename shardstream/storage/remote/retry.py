@@ -19,6 +19,7 @@ from shardstream.errors import StorageError
 from shardstream.storage.options import ReadOptions
 from shardstream.storage.processlocal import ProcessLocal
 from shardstream.storage.redact import redact_text
+from shardstream.storage.redacterrors import redact_error
 
 __all__ = [
     "Retrier",
@@ -232,6 +233,7 @@ class Retrier:
     def failed(self, exc: BaseException, offset: int, total: int | None = None) -> None:
         """Record a failed try; sleep before the next one, or raise if it is pointless."""
         where = f"at byte offset {offset}" + (f" of {total}" if total is not None else "")
+        redact_error(exc, self.secrets)  # it becomes the raised error's cause
         if not is_retryable(exc):
             raise fatal_error(exc, self.url, f"{self.action} {where}", self.secrets) from exc
         self.failures += 1
