@@ -56,7 +56,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
         else "shards:   0",
         f"samples:  {manifest.num_samples}{_excluded(manifest)}",
         *_versions(store, manifest.version),
-        f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)})",
+        f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)}){_per_sample(manifest)}",
+        *_images(manifest.settings),
         f"classes:  {len(names)} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
         if names
         else "classes:  none",
@@ -67,6 +68,24 @@ def _run_inspect(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def _per_sample(manifest: Any) -> str:
+    """Bytes on disk per sample, tar headers and the other members included."""
+    if not manifest.num_samples:
+        return ""
+    return f", {human(manifest.num_bytes / manifest.num_samples)} per sample"
+
+
+def _images(settings: Any) -> list[str]:
+    """How images are stored, for a dataset built with ``--pixels``."""
+    pixels = settings.get("pixels")
+    if pixels is None:
+        return []
+    return [
+        f"images:   pixels {pixels}: uint8 height x width x 3 in KEY.pixels.npy, decoded at "
+        "build time (readers crop them without a JPEG decode)"
+    ]
 
 
 def _versions(store: Store, shown_version: int) -> list[str]:

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.format.pixels import PixelSize
 
 __all__ = ["DEFAULT_MAX_BYTES", "BuildOptions"]
 
@@ -30,6 +31,11 @@ class BuildOptions:
             write JPEG. ``None`` passes the original bytes through.
         quality: JPEG quality when re-encoding (implies JPEG output); ``None`` means 90 when
             ``resize`` is set, else no re-encoding.
+        pixels: Store every image decoded once, as ``uint8`` pixels in a ``KEY.pixels.npy``
+            member (what ``numpy.load`` reads), at this size: ``"short=N"`` (shorter side
+            exactly N pixels, aspect kept) or ``"WxH"`` (a fixed box, aspect not kept); a
+            :class:`~shardstream.format.pixels.PixelSize` works too. Readers then skip the
+            decode. Excludes ``resize`` and ``quality``. ``None`` stores encoded images.
         on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
             it out, logs it and lists it in ``manifest.skipped``.
         overwrite: Replace a different dataset or unfinished build already in DEST.
@@ -48,6 +54,7 @@ class BuildOptions:
     shuffle: bool = True
     resize: int | None = None
     quality: int | None = None
+    pixels: str | PixelSize | None = None
     on_error: str = "raise"
     overwrite: bool = False
     append: bool = False
@@ -67,6 +74,16 @@ class BuildOptions:
             raise ConfigError(f"resize (shorter side in pixels) must be >= 1, got {self.resize}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.pixels is not None:
+            size = self.pixels
+            if not isinstance(size, PixelSize):
+                size = PixelSize.parse(str(size))
+            object.__setattr__(self, "pixels", str(size))  # one spelling, in the manifest too
+            if self.resize is not None or self.quality is not None:
+                raise ConfigError(
+                    "pixels stores decoded pixels; resize and quality re-encode JPEG: pass "
+                    "pixels alone (its size replaces resize)"
+                )
         if self.append and self.overwrite:
             raise ConfigError("append and overwrite exclude each other: choose one")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -74,11 +91,18 @@ class BuildOptions:
 
     @property
     def reencodes(self) -> bool:
-        """True when images are decoded and written again as JPEG."""
-        return self.resize is not None or self.quality is not None
+        """True when images are decoded and written again (as JPEG, or as pixels)."""
+        return self.resize is not None or self.quality is not None or self.pixels is not None
+
+    @property
+    def pixel_size(self) -> PixelSize | None:
+        """The parsed ``pixels`` size, or None when images stay encoded."""
+        return None if self.pixels is None else PixelSize.parse(str(self.pixels))
 
     def output_settings(self) -> dict[str, Any]:
         """The settings that determine the output bytes (recorded in the manifest)."""
         settings = dataclasses.asdict(self)
         del settings["workers"], settings["overwrite"], settings["append"]
+        if settings["pixels"] is None:  # absent, as in manifests written before the option
+            del settings["pixels"]
         return settings

@@ -18,10 +18,16 @@ from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
 from shardstream.format.manifest import ShardInfo, SkippedSample
+from shardstream.format.pixels import PIXELS_EXTENSION, encode_pixels
 from shardstream.format.shardindex import encode_offsets, index_name
 from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.format.tarwriter import TarShardWriter
-from shardstream.shardwriter.imageops import check_image, normalized_extension, reencode_jpeg
+from shardstream.shardwriter.imageops import (
+    check_image,
+    decode_pixels,
+    normalized_extension,
+    reencode_jpeg,
+)
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
 from shardstream.storage import Store
@@ -139,7 +145,11 @@ def _file_members(table: FileTable, index: int, path: str, options: BuildOptions
     with open(path, "rb", buffering=0) as stream:
         data = stream.readall()
     extension = normalized_extension(path)
-    if options.reencodes:
+    pixel_size = options.pixel_size
+    if pixel_size is not None:
+        data = encode_pixels(decode_pixels(data, pixel_size, path))
+        extension = PIXELS_EXTENSION
+    elif options.reencodes:
         data = reencode_jpeg(data, options.resize, options.quality, path)
         extension = "jpg"
     else:
