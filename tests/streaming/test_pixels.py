@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import collections
 import io
+import json
 import pathlib
 import tarfile
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -31,6 +34,7 @@ from shardstream.streaming.decoding.images import decode_image
 from shardstream.streaming.decoding.pixelcrop import crop_pixels, pixel_tensor
 from shardstream.streaming.mixture import stream_quotas
 from tests.conftest import encode_image
+from tests.ddp import exit_rank_cleanly
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.test_fastcrop import _photo
 
@@ -255,3 +259,45 @@ def test_views_and_mixtures_with_jpeg_shards(pixel_dataset: str, tmp_path: pathl
     counts = collections.Counter(url.rpartition("/")[0] for b in batches for url in b["__url__"])
     quotas = stream_quotas([24, 12], [0.5, 0.5], [None, None], 20)
     assert [counts[pixel_dataset], counts[str(jpegs)]] == quotas  # each stream's exact share
+
+
+def _rank_epochs(rank: int, dataset: str, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        ds = StreamingDataset(
+            dataset,
+            batch_size=4,
+            seed=2,
+            decode="rgb8",
+            transform=train_transform(),
+            options=StreamOptions(output="dict"),
+        )
+        loader = StreamingDataLoader(ds, num_workers=2)
+        epochs = []
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            batches = list(loader)
+            assert all(batch["image"].shape == (4, 3, SIZE, SIZE) for batch in batches)
+            epochs.append([key for batch in batches for key in batch["__key__"]])
+        pathlib.Path(out, f"{rank}.json").write_text(json.dumps(epochs))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    exit_rank_cleanly()
+
+
+@pytest.mark.slow
+def test_ranks_split_pixel_epochs_exactly(pixel_dataset: str, tmp_path: pathlib.Path) -> None:
+    mp.spawn(
+        _rank_epochs,
+        args=(pixel_dataset, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=True,
+    )
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    keys = sorted(_members(pixel_dataset))
+    for epoch in range(2):
+        first, second = ranks[0][epoch], ranks[1][epoch]
+        assert len(first) == len(second) == 12  # equal batches on every rank
+        assert sorted(first + second) == keys  # together, every sample once
+    assert ranks[0][0] != ranks[0][1]  # a new order each epoch
