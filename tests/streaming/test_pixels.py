@@ -109,6 +109,24 @@ def test_crops_are_drawn_as_the_jpeg_path_draws_them() -> None:
         torch.testing.assert_close(from_pixels, generic.as_subclass(torch.Tensor))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_crop_is_torchvisions_resized_crop_pixel_for_pixel(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    height, width = (int(side) for side in rng.integers(40, 300, 2))
+    stored = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    crop = v2.RandomResizedCrop((48, 64), scale=(0.02, 1.0), antialias=True)  # up and down
+    member = memoryview(bytearray(encode_pixels(stored)))
+    image = torch.from_numpy(stored).permute(2, 0, 1).contiguous()
+    for draw in range(10):
+        torch.manual_seed(draw)
+        params = crop.make_params([image])
+        torch.manual_seed(draw)
+        ours = crop_pixels(crop, (48, 64), member)
+        box = params["top"], params["left"], params["height"], params["width"]
+        expected = v2.functional.resized_crop(image, *box, [48, 64], antialias=True)
+        assert torch.equal(ours, expected), (seed, draw, box)
+
+
 def test_pixels_are_read_in_place_and_never_handed_out_shared() -> None:
     stored = np.random.default_rng(0).integers(0, 256, (12, 20, 3), dtype=np.uint8)
     buffer = bytearray(encode_pixels(stored))

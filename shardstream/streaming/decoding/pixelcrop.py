@@ -7,7 +7,7 @@ is already ``uint8`` height x width x 3. :func:`pixel_tensor` wraps the reader's
 ``RandomResizedCrop`` step of :class:`~.fastcrop.CropDecoder` for such members: the crop drawn
 with the transform's own ``make_params`` (the same torch RNG draws as the JPEG path and as
 torchvision on a decoded image), then resized with torch's antialiased bilinear ``uint8``
-kernel, which reads the channels-last input as it lies.
+kernel on the crop's channels-last block (the pixels torchvision's ``resized_crop`` gives).
 """
 
 from __future__ import annotations
@@ -54,6 +54,11 @@ def pixel_image(data: Any, mode: str, where: str = "") -> Any:
 def crop_pixels(crop: Any, out_size: tuple[int, int], data: Any, where: str = "") -> Any:
     """``RandomResizedCrop`` on a pixel member: the crop drawn, cut and resized to ``out_size``.
 
+    The crop's pixels are copied out of the reader's buffer as one channels-last block (what
+    torch's vectorised ``uint8`` antialiased bilinear kernel reads), then resized: the same
+    pixels as torchvision's ``resized_crop`` on the image, several times faster than on the
+    permuted view.
+
     Args:
         crop: The transform's ``v2.RandomResizedCrop`` (its ``make_params`` draws the box).
         out_size: Output ``(height, width)``.
@@ -61,14 +66,19 @@ def crop_pixels(crop: Any, out_size: tuple[int, int], data: Any, where: str = ""
         where: Names the shard and key in errors.
 
     Returns:
-        A ``uint8`` ``(3, height, width)`` tensor that never shares the reader's buffer.
+        A ``uint8`` ``(3, height, width)`` tensor (channels-last strides) that never shares the
+        reader's buffer.
     """
-    from torchvision.transforms.v2 import functional
+    import torch
 
     pixels = pixel_tensor(data, where)
     params = crop.make_params([pixels])
-    box = params["top"], params["left"], params["height"], params["width"]
-    resized = functional.resized_crop(pixels, *box, list(out_size), antialias=True)
+    top, left = params["top"], params["left"]
+    box = pixels[:, top : top + params["height"], left : left + params["width"]]
+    block = box.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    resized = torch.nn.functional.interpolate(
+        block, size=list(out_size), mode="bilinear", align_corners=False, antialias=True
+    )[0]
     if resized.untyped_storage().data_ptr() == pixels.untyped_storage().data_ptr():
-        resized = resized.clone()  # the whole image at the output size: torch returned the view
+        resized = resized.clone()  # never hand out the reader's buffer
     return resized
