@@ -33,9 +33,9 @@ class BuildOptions:
             ``resize`` is set, else no re-encoding.
         pixels: Store every image decoded once, as ``uint8`` pixels in a ``KEY.pixels.npy``
             member (what ``numpy.load`` reads), at this size: ``"short=N"`` (shorter side
-            exactly N pixels, aspect kept) or ``"WxH"`` (a fixed box, aspect not kept); a
-            :class:`~shardstream.format.pixels.PixelSize` works too. Readers then skip the
-            decode. Excludes ``resize`` and ``quality``. ``None`` stores encoded images.
+            exactly N pixels, aspect kept) or ``"WxH"`` (a fixed box, aspect not kept), e.g.
+            ``"short=256"``; readers then skip the decode (images only, from file sources).
+            Excludes ``resize`` and ``quality``. ``None`` stores encoded images.
         on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
             it out, logs it and lists it in ``manifest.skipped``.
         overwrite: Replace a different dataset or unfinished build already in DEST.
