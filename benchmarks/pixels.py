@@ -21,7 +21,9 @@ in these forms:
 
 The shardstream rows run the train transform of ``benchmarks/load.py`` (RandomResizedCrop(224)
 drawn per image, flip, float, ImageNet normalisation) with ``--workers`` DataLoader workers,
-shuffled; the tensordict row runs with ``torch.set_num_threads(--workers)``: the same CPU budget.
+shuffled; the ``uint8 out`` rows stop after the flip (``uint8`` batches, normalised on the
+device as the tensordict tutorial does, 4x fewer bytes to hand over); the tensordict row runs
+with ``torch.set_num_threads(--workers)``: the same CPU budget.
 Every row is one epoch, batch 64, in a fresh process; images/s counts from the first batch on
 (start-up is reported apart); CPU ms per image is the whole process tree's CPU time (user +
 system, workers included) from the first batch on, per image; bytes per image is what the
@@ -55,22 +57,26 @@ LABELS = {
     "jpeg-fastjpeg": "shardstream JPEG shards, crop-window decode",
     "jpeg": "shardstream JPEG shards (Pillow/libjpeg-turbo)",
     "original": "shardstream JPEG shards, original images",
+    "pixels-uint8": "shardstream pixel shards, uint8 out",
+    "jpeg-uint8": "shardstream JPEG shards (Pillow), uint8 out",
     "tensordict": "tensordict memmap tensorclass (256x256)",
     "dali": "DALI CPU on the JPEG shards",
 }
 
 
-def train_transform():  # type: ignore[no-untyped-def]
+def train_transform(uint8: bool = False):  # type: ignore[no-untyped-def]
+    """RandomResizedCrop(224), flip, then float normalised (or ``uint8``: normalise on a device)."""
     import torch
     from torchvision.transforms import v2
 
-    return v2.Compose([
+    steps = [
         v2.RandomResizedCrop(CROP, antialias=True),
         v2.RandomHorizontalFlip(),
         v2.PILToTensor(),
-        v2.ToDtype(torch.float32, scale=True),
-        v2.Normalize(MEAN, STD),
-    ])  # fmt: skip
+    ]
+    if not uint8:
+        steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
+    return v2.Compose(steps)
 
 
 # -- tensordict: the tutorial's pipeline, its operations as the tutorial describes them -------
@@ -162,10 +168,11 @@ def tensordict_loader(dest: Path):  # type: ignore[no-untyped-def]
 # -- rows ---------------------------------------------------------------------------------------
 
 
-def shardstream_loader(source: str, workers: int):  # type: ignore[no-untyped-def]
+def shardstream_loader(source: str, workers: int, uint8: bool):  # type: ignore[no-untyped-def]
     from shardstream import StreamingDataLoader, StreamingDataset
 
-    dataset = StreamingDataset(source, batch_size=BATCH, decode="pil", transform=train_transform())
+    transform = train_transform(uint8)
+    dataset = StreamingDataset(source, batch_size=BATCH, decode="pil", transform=transform)
     return StreamingDataLoader(dataset, num_workers=workers)
 
 
@@ -193,19 +200,20 @@ def run_row(row: str, workers: int, paths: dict) -> dict:
         return {"samples": result["samples"], "per_s": result["samples"] / seconds,
                 "first_s": result["first_s"],
                 "cpu_ms": (cpu_seconds() - cpu) / result["samples"] * 1000}  # fmt: skip
-    if row == "jpeg":  # the default install: no crop-window decoder
+    if row in ("jpeg", "jpeg-uint8"):  # the default install: no crop-window decoder
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     torch.set_num_threads(workers if row == "tensordict" else 1)
     start = time.perf_counter()
     if row == "tensordict":
         loader = tensordict_loader(Path(paths["tensordict"]))
     else:
-        source = {"pixels": "pixels", "original": "original"}.get(row, "jpeg")
-        loader = shardstream_loader(paths[source], workers)
+        source = row.removesuffix("-uint8").removesuffix("-fastjpeg")
+        loader = shardstream_loader(paths[source], workers, row.endswith("-uint8"))
     first_at, first_cpu, count = 0.0, 0.0, 0
     for batch in loader:
         images = batch.images if row == "tensordict" else batch[0]
-        assert images.shape[1:] == (3, CROP, CROP) and images.dtype == torch.float32
+        dtype = torch.uint8 if row.endswith("-uint8") else torch.float32
+        assert images.shape[1:] == (3, CROP, CROP) and images.dtype == dtype
         if not first_at:  # start-up (imports, workers, first batch) is reported apart
             first_at, first_cpu = time.perf_counter(), tree_cpu_seconds()
         else:
@@ -284,6 +292,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--build-workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (median kept)")
+    parser.add_argument("--rows", nargs="*", help="only these rows (default: all)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -291,11 +300,13 @@ def main() -> None:
         print(json.dumps(run_row(task["row"], task["workers"], task["paths"])))
         return
     paths, facts = prepare(args)
-    rows = ["pixels", "jpeg", "original", "tensordict"]
+    rows = ["pixels", "jpeg", "original", "pixels-uint8", "jpeg-uint8", "tensordict"]
     if has_nvimgcodec():
         rows.insert(1, "jpeg-fastjpeg")
     if "dali_tars" in paths:
         rows.append("dali")
+    if args.rows:
+        rows = [row for row in rows if row in args.rows]
     print(f"{args.num_images} images, source JPEGs {facts['source'] / 1000:.1f} KB each; "
           f"batch {BATCH}, {args.workers} workers (tensordict: {args.workers} torch threads); "
           f"{os.cpu_count()} cores")  # fmt: skip
@@ -305,7 +316,7 @@ def main() -> None:
     for row in rows:
         result = spawn({"row": row, "workers": args.workers, "paths": paths}, args.repeat)
         results[row] = result
-        stored = facts.get(row.removesuffix("-fastjpeg"), {})
+        stored = facts.get(row.removesuffix("-fastjpeg").removesuffix("-uint8"), {})
         size = f"{stored['bytes'] / 1000:7.1f}" if stored else f"{'-':>7}"
         build = f"{stored['build_ms']:12.2f}" if stored else f"{'-':>12}"
         if "per_s" not in result:
@@ -315,7 +326,7 @@ def main() -> None:
               f"{result['first_s']:8.2f} {size} {build}")  # fmt: skip
     if "dali" not in rows:
         print("DALI: not installed (pip install nvidia-dali-cuda130); row skipped")
-    base = results["pixels"].get("per_s")
+    base = results.get("pixels", {}).get("per_s")
     if base:
         ratios = [f"{name} {base / result['per_s']:.2f}x" for name, result in results.items()
                   if name != "pixels" and "per_s" in result]  # fmt: skip
