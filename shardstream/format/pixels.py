@@ -19,7 +19,14 @@ import numpy as np
 
 from shardstream.errors import ConfigError, DecodeError
 
-__all__ = ["PIXELS_EXTENSION", "PixelSize", "encode_pixels", "is_pixels", "pixel_array"]
+__all__ = [
+    "PIXELS_EXTENSION",
+    "PixelSize",
+    "encode_pixels",
+    "is_pixels",
+    "pixel_array",
+    "pixel_shape",
+]
 
 #: The member extension of pixel images (``webdataset`` decodes it by its last part, ``npy``).
 PIXELS_EXTENSION = "pixels.npy"
@@ -144,3 +151,12 @@ def pixel_array(data: Any, where: str) -> np.ndarray:
             "shard is damaged or was not written by `shardstream build --pixels`: rebuild it"
         )
     return np.frombuffer(view, np.uint8, size, _HEADER_BYTES).reshape(height, width, 3)
+
+
+def pixel_shape(data: Any) -> tuple[int, int] | None:
+    """``(height, width)`` of a pixel member as :func:`encode_pixels` writes it, else None."""
+    try:
+        height, width, _ = pixel_array(data, "").shape
+    except DecodeError:
+        return None
+    return height, width

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
 from shardstream.format.manifest import ShardInfo, SkippedSample
-from shardstream.format.pixels import PIXELS_EXTENSION, encode_pixels
+from shardstream.format.pixels import PIXELS_EXTENSION, encode_pixels, pixel_shape
 from shardstream.format.shardindex import encode_offsets, index_name
 from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.format.tarwriter import TarShardWriter
@@ -183,6 +183,8 @@ class _ShardRoller:
         self._writer: TarShardWriter | None = None
         self._count = 0
         self._shards: list[ShardInfo] = []
+        #: The part's samples' pixel image sizes, while every sample has a pixel member.
+        self._shapes: list[tuple[int, int]] | None = None
 
     def add(self, key: str, members: Sequence[Member]) -> None:
         names = [(f"{key}.{extension}", data) for extension, data in members]
@@ -204,6 +206,9 @@ class _ShardRoller:
         for name, data in names:
             writer.write_member(name, data)
         self._count += 1
+        if self._shapes is not None:  # every sample's pixel image size, for the index
+            shape = next((pixel_shape(d) for e, d in members if e == PIXELS_EXTENSION), None)
+            self._shapes = None if shape is None else [*self._shapes, shape]
 
     def close(self) -> tuple[ShardInfo, ...]:
         if self._writer is not None:
@@ -221,6 +226,7 @@ class _ShardRoller:
         stream = self._stack.enter_context(self._task.state.open_atomic_write(name))
         self._writer = TarShardWriter(stream)
         self._count = 0
+        self._shapes = []
         return self._writer
 
     def _finish_part(self, writer: TarShardWriter) -> None:
@@ -231,6 +237,8 @@ class _ShardRoller:
         # The index is written after its part, so a part counts as done only with its index.
         index = index_name(name)
         with self._task.state.open_atomic_write(index) as stream:
-            stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes, writer.digests))
+            stream.write(encode_offsets(
+                writer.sample_offsets, writer.key_hashes, writer.digests, self._shapes or None
+            ))  # fmt: skip
         self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

@@ -14,6 +14,7 @@ from PIL import Image
 from shardstream.cli import main
 from shardstream.errors import ConfigError, SourceError
 from shardstream.format.pixels import PixelSize, encode_pixels, pixel_array
+from shardstream.format.shardindex import decode_index, index_version
 from shardstream.shardwriter import BuildOptions, build_shards
 
 from ..conftest import write_image_folder
@@ -59,6 +60,10 @@ def test_members_are_npy_pixels_at_the_chosen_size(
         assert pixels.dtype == np.uint8 and pixels.shape == (*stored, 3)
         expected = _resized(sources[sample["__key__"]], (stored[1], stored[0]))
         assert np.abs(pixels.astype(int) - expected).mean() < 1.0  # the same image, resized
+    for shard in manifest.shards:  # every image's size in the index: no member to read
+        data = (tmp_path / "ds" / str(shard.index)).read_bytes()
+        shapes = decode_index(data, str(shard.index)).shapes
+        assert index_version(data) == 4 and shapes.tolist() == [list(stored)] * shard.num_samples
 
 
 def test_webdataset_decodes_them_as_arrays(tmp_path: pathlib.Path) -> None:
@@ -136,5 +141,6 @@ def test_cli_build_and_inspect_show_pixels_and_bytes_per_sample(
     # header and a block; the shard's two end blocks shared by 4 samples: 4,352 bytes each.
     assert "pixels 32x24: uint8 height x width x 3 in KEY.pixels.npy" in out
     assert "4.4 KB per sample" in out
+    assert "sizes in shard-000000.tar's index (4 samples): height 24..24, width 32..32" in out
     assert main(["build", "-q", str(root), str(tmp_path / "bad"), "--pixels", "32"]) == 1
     assert "pixels must be 'short=N'" in capsys.readouterr().err
