@@ -24,9 +24,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from shardstream import StreamingDataset, build_shards
-from shardstream.shardwriter import verify_dataset
-from shardstream.streaming import StreamingDataLoader
+from shardstream import StreamingDataLoader, StreamingDataset, build_shards, verify_dataset
 
 
 def make_image_folder(root: pathlib.Path, num_classes: int = 8, per_class: int = 50) -> None:

@@ -13,8 +13,7 @@ import tempfile
 import numpy as np
 from PIL import Image
 
-from shardstream import build_shards
-from shardstream.shardwriter import verify_dataset
+from shardstream import build_shards, verify_dataset
 
 
 def make_image_folder(root: pathlib.Path, num_classes: int = 4, per_class: int = 25) -> None:

@@ -15,8 +15,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from shardstream import StreamingDataset, build_shards
-from shardstream.streaming import StreamingDataLoader
+from shardstream import StreamingDataLoader, StreamingDataset, build_shards
 
 
 def make_samples(count: int = 96, num_classes: int = 4) -> list[dict]:

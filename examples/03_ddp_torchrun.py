@@ -17,8 +17,7 @@ import torch
 import torch.distributed as dist
 from PIL import Image
 
-from shardstream import StreamingDataset, build_shards
-from shardstream.streaming import StreamingDataLoader
+from shardstream import StreamingDataLoader, StreamingDataset, build_shards
 
 
 def make_samples(count: int = 101) -> list[dict]:  # 101: uneven on purpose, no rank may hang

@@ -12,8 +12,7 @@ import tempfile
 import numpy as np
 import torch
 
-from shardstream import StreamingDataset, build_shards
-from shardstream.streaming import StreamingDataLoader, StreamOptions
+from shardstream import StreamingDataLoader, StreamingDataset, StreamOptions, build_shards
 
 
 def make_samples(count: int = 120) -> list[dict]:

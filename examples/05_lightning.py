@@ -39,7 +39,7 @@ from shardstream import (
 warnings.filterwarnings("ignore", module="lightning")  # its notes on CPU-only and small data
 import lightning as L  # noqa: E402  (after the filter: some notes come at import)
 
-from shardstream.streaming.lightningcallback import LoaderPositionCheck  # noqa: E402
+from shardstream import LoaderPositionCheck  # noqa: E402
 
 BATCH_SIZE, STEPS_PER_CHECKPOINT, KILL_AT = 8, 9, 11
 

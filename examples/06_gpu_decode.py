@@ -20,8 +20,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from shardstream import StreamingDataset, build_shards
-from shardstream.streaming import StreamingDataLoader
+from shardstream import StreamingDataLoader, StreamingDataset, build_shards
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
         merge_partitions,
         split_dataset,
     )
+    from shardstream.format.timminfo import write_timm_info
+    from shardstream.format.verify import verify_dataset
     from shardstream.shardwriter import (
         BuildOptions,
         build_shards,
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     )
     from shardstream.streaming import (
         GpuDecode,
+        LoaderPositionCheck,
+        LoaderStats,
         RandomAccessDataset,
         ResumeAudit,
         Stream,
@@ -73,6 +77,8 @@ __all__ = [
     "DuplicateKeyError",
     "GpuDecode",
     "IndexOptions",
+    "LoaderPositionCheck",
+    "LoaderStats",
     "Manifest",
     "ManifestError",
     "ManifestNotFoundError",
@@ -103,7 +109,9 @@ __all__ = [
     "merge_partitions",
     "read_manifest",
     "split_dataset",
+    "verify_dataset",
     "write_partition",
+    "write_timm_info",
 ]
 
 _LAZY = {
@@ -119,6 +127,10 @@ _LAZY = {
     "merge_partitions": "shardstream.catalog",
     "split_dataset": "shardstream.catalog",
     "write_partition": "shardstream.shardwriter",
+    "verify_dataset": "shardstream.format.verify",
+    "write_timm_info": "shardstream.format.timminfo",
+    "LoaderPositionCheck": "shardstream.streaming",  # imports lightning when first used
+    "LoaderStats": "shardstream.streaming",
     "GpuDecode": "shardstream.streaming",
     "RandomAccessDataset": "shardstream.streaming",
     "ResumeAudit": "shardstream.streaming",
@@ -135,3 +147,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'shardstream' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The public names (lazy ones included), so ``dir()`` and tab completion list them."""
+    return sorted(set(__all__) | set(globals()))

@@ -12,6 +12,7 @@ import pytest
 
 from shardstream import __version__
 from shardstream.cli import SUBCOMMANDS, main
+from shardstream.format.manifest import read_manifest
 from shardstream.shardwriter import build_shards
 from tests.conftest import write_image_folder
 from tests.streaming.shards import make_samples
@@ -149,3 +150,77 @@ def test_bench_errors_are_one_line_and_it_can_skip(dataset: pathlib.Path) -> Non
     result = _cli("bench", pattern, "--mode", "raw", "--batch-size", "2", "-q",
                   "--on-error", "skip", "--seconds", "1")  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_messages_recommend_only_options_the_command_has(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    whole = (dataset / "shard-000001.tar").read_bytes()
+    (folder / "a.tar").write_bytes((dataset / "shard-000000.tar").read_bytes())
+    (folder / "b.tar").write_bytes(whole[: len(whole) // 2])  # truncated
+    assert main(["index", str(folder), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "b.tar: truncated" in err and "Re-copy or rebuild" in err, err
+    assert "on-error" not in err and "on_error" not in err, err
+    assert sorted(path.name for path in folder.iterdir()) == ["a.tar", "b.tar"]  # nothing left
+    (folder / "b.tar").write_bytes(whole)
+    assert main(["index", str(folder), "-q"]) == 0  # fixed: the same command indexes
+    assert "indexed 2 shards, 8 samples" in capsys.readouterr().out
+    (dataset / "shard-000002.tar").write_bytes(whole[: len(whole) // 2])
+    assert main(["verify", str(dataset), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "shard-000002.tar: truncated" in out and "on_error" not in out, out
+    assert "on-error" not in out
+
+
+def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = write_image_folder(tmp_path / "images")
+    (images / "class_00" / "broken.jpg").write_bytes(b"not a jpeg")
+    dest = tmp_path / "out"
+    assert main(["build", str(images), str(dest), "-q"]) == 1
+    assert "or pass --on-error skip" in capsys.readouterr().err
+    assert main(["build", str(images), str(dest), "-q", "--on-error", "skip"]) == 0  # as told
+    captured = capsys.readouterr()
+    assert "1 skipped" in captured.out, captured
+    manifest = read_manifest(dest)
+    assert [item.source.endswith("broken.jpg") for item in manifest.skipped] == [True]
+    assert "on_error" not in manifest.skipped[0].reason  # it skipped already
+    assert manifest.num_samples == len(list(images.rglob("img_*")))
+    assert main(["build", str(images), str(dest), "-q", "--seed", "3"]) == 1  # others: refused
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_small_edges_are_told_plainly(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["view", str(dataset), str(tmp_path / "s"), "--split", "train=0.9,val=0.2"]) == 1
+    err = capsys.readouterr().err
+    assert "add up to 1" in err and "sum 1.1" in err, err
+    assert not (tmp_path / "s").exists()
+    nowhere = tmp_path / "nowhere"
+    for argv in (["inspect", str(nowhere)], ["index", str(nowhere)], ["verify", str(nowhere)],
+                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"]):  # fmt: skip
+        assert main([*argv, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert f"{nowhere}: does not exist; check the path" in err, err
+        assert "build" not in err and "holds no" not in err, err
+    result = _cli("index", str(dataset), "--wokers", "2")
+    assert result.returncode == 2 and "did you mean --workers?" in result.stderr, result.stderr
+    result = _cli("build", str(dataset), str(tmp_path / "x"), "--on-eror", "skip")
+    assert "did you mean --on-error?" in result.stderr, result.stderr
+
+
+def test_inspect_lists_the_attached_fields_and_their_table(
+    dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = tmp_path / "scores.csv"
+    table.write_text("__key__,score,caption\ns000001,3.5,a\ns000002,4,b\n")
+    assert main(["attach", str(dataset), str(table), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(dataset)]) == 0
+    out = capsys.readouterr().out
+    assert f"fields:   caption (string), score (double) (attached by version 2 from {table}" in out

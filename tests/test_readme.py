@@ -1,11 +1,14 @@
-"""README.md's code blocks run as written, in order, on tiny local data: the docs cannot drift.
+"""README.md's and the guides' code blocks run as written, in order, on tiny local data: the docs
+cannot drift.
 
-Every ```python and ```bash block runs (in one process for the Python ones, sharing names as a
-reader's session would; bash blocks through ``bash -euo pipefail``), in a folder that holds what
-README's examples name: ``data/train`` (an ImageFolder) and ``crawl/2026-11-2{4,5,6}``. A block
-is left out only with the line ``<!-- readme-test: not run (REASON) -->`` just above it, where
-REASON is one of ``REASONS`` and the block must contain what that reason needs (an ``s3://``
-URL, ``init_process_group``...), so a marker cannot hide a block that could run. Output blocks
+The pages run in ``PAGES`` order (README first, then the guides in the order a reader meets
+them), all in one session. Every ```python and ```bash block runs (in one process for the
+Python ones, sharing names as a reader's session would; bash blocks through ``bash -euo
+pipefail``), in a folder that holds what the examples name: ``data/train`` (an ImageFolder) and
+``crawl/2026-11-2{4,5,6}``. A block is left out only with the line ``<!-- readme-test: not run
+(REASON) -->`` just above it, where REASON is one of ``REASONS`` and the block must contain what
+that reason needs (an ``s3://`` URL, ``init_process_group``...), so a marker cannot hide a block
+that could run. Output blocks
 (```text and unlabelled fences) are not code.
 
 Two kinds of help, both listed here and checked to still apply: ``FASTER`` makes the same calls
@@ -24,7 +27,15 @@ import sys
 
 from tests.conftest import encode_image, write_image_folder
 
-README = pathlib.Path(__file__).parent.parent / "README.md"
+ROOT = pathlib.Path(__file__).parent.parent
+#: Every page whose code runs, in order: later pages use what earlier ones built.
+PAGES = [
+    "README.md", "docs/guides/build.md", "docs/guides/own-shards.md", "docs/guides/growing.md",
+    "docs/guides/cleaning.md", "docs/guides/streaming.md", "docs/guides/gpu.md",
+    "docs/guides/mixtures.md", "docs/guides/evaluation.md", "docs/guides/resume.md",
+    "docs/guides/performance.md", "docs/guides/object-stores.md", "docs/development.md",
+    "docs/api/index.md",
+]  # fmt: skip
 MARKER = re.compile(r"<!-- readme-test: not run \((?P<reason>[\w-]+)\) -->")
 
 #: Why a block may be left out, and a pattern the block must match for that reason to hold.
@@ -68,16 +79,16 @@ SETUP = [
 ]  # fmt: skip
 
 
-def readme_blocks(text: str) -> list[dict[str, object]]:
-    """Every fenced block: language, code, first line number, the reason it is not run (or
-    None)."""
+def readme_blocks(text: str, page: str = "README.md") -> list[dict[str, object]]:
+    """Every fenced block: language, code, where it starts (page and line), the reason it is not
+    run (or None)."""
     blocks = []
     for match in re.finditer(r"^```(\w*)\n(.*?)^```$", text, flags=re.DOTALL | re.MULTILINE):
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = MARKER.fullmatch(before.strip())
         blocks.append({
             "language": match.group(1), "code": match.group(2),
-            "line": text.count("\n", 0, match.start()) + 2,
+            "line": f"{page} line {text.count(chr(10), 0, match.start()) + 2}",
             "reason": marker["reason"] if marker else None,
         })  # fmt: skip
     return blocks
@@ -95,7 +106,7 @@ _DRIVER = """
 import json, subprocess, sys, traceback
 namespace = {"__name__": "__readme__"}
 for block in json.loads(sys.stdin.read()):
-    where = f"README.md line {block['line']}"
+    where = block["line"]
     if block["language"] == "bash":
         result = subprocess.run(["bash", "-euo", "pipefail", "-c", block["code"]],
                                 capture_output=True, text=True)
@@ -123,20 +134,23 @@ def _data(folder: pathlib.Path) -> None:
 
 
 def test_every_code_block_runs_or_says_why_not(tmp_path: pathlib.Path) -> None:
-    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    blocks = [
+        block for page in PAGES
+        for block in readme_blocks((ROOT / page).read_text(encoding="utf-8"), page)
+    ]  # fmt: skip
     code = [block for block in blocks if block["language"] in ("python", "bash")]
     for block in code:
         reason = block["reason"]
         if reason is not None:
-            assert reason in REASONS, f"line {block['line']}: unknown reason {reason!r}"
+            assert reason in REASONS, f"{block['line']}: unknown reason {reason!r}"
             assert re.search(REASONS[reason], str(block["code"])), (
-                f"README.md line {block['line']}: marked not run ({reason}) but has no "
+                f"{block['line']}: marked not run ({reason}) but has no "
                 f"{REASONS[reason]!r}: run it"
             )
     runs = [_prepared(block) for block in code if block["reason"] is None]
     for block in runs:  # checked before anything runs: a block that installs is never run here
         needs = [reason for reason, pattern in REASONS.items() if re.search(pattern, block["code"])]
-        assert not needs, f"README.md line {block['line']}: mark it not run ({needs[0]})"
+        assert not needs, f"{block['line']}: mark it not run ({needs[0]})"
     for line, _ in SETUP:  # each setup still belongs to a block that runs
         assert sum(line in str(block["code"]) for block in runs) == 1, line
     assert sum(block["language"] == "python" for block in runs) >= 4
@@ -148,3 +162,13 @@ def test_every_code_block_runs_or_says_why_not(tmp_path: pathlib.Path) -> None:
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-6000:]
+
+
+def test_every_page_with_code_is_run() -> None:
+    """A new guide with code must join ``PAGES``: its blocks would otherwise go untested."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    with_code = {
+        str(page.relative_to(ROOT)) for page in pages
+        if any(b["language"] in ("python", "bash") for b in readme_blocks(page.read_text()))
+    }  # fmt: skip
+    assert with_code <= set(PAGES), sorted(with_code - set(PAGES))

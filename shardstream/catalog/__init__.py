@@ -21,7 +21,7 @@
 The catalog imports storage and format only; the writer and the streaming side import it.
 Names are imported lazily, so importing one module (``facts``) imports nothing else.
 
-Example:
+Examples:
     >>> from shardstream.catalog import resolve_source
     >>> store, shards, manifest = resolve_source("shards/train")  # doctest: +SKIP
 """

@@ -14,12 +14,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from shardstream._version import __version__
+from shardstream.catalog.tablefiles import (
+    cast_declared,
+    declared_types,
+    from_pandas,
+    read_table_file,
+)
 from shardstream.catalog.versions import publish_version
 from shardstream.errors import ConfigError, DatasetExistsError
 from shardstream.format.columns import (
@@ -53,6 +59,7 @@ def attach_columns(
     table: Any,
     key: str = "__key__",
     *,
+    types: Mapping[str, str] | None = None,
     storage_options: StorageOptions = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
@@ -63,6 +70,8 @@ def attach_columns(
         table: A ``.parquet``, ``.csv`` or ``.jsonl`` file, a pandas DataFrame or a pyarrow
             Table: one row per key, with the key column and the fields to attach.
         key: The table's column of sample keys (every sample with that key gets the row).
+        types: Declared column types, field -> Arrow type name (``{"score": "float64"}``);
+            an undeclared CSV column that mixes numbers and text is refused.
         storage_options: fsspec options for a URL.
         progress: Called as ``progress(shards_done, shards)``.
 
@@ -71,14 +80,15 @@ def attach_columns(
 
     Raises:
         ConfigError: No key column, a key twice, a field named like a member or ``__...``, a
-            view, or pyarrow missing.
+            view, pyarrow missing, or a table that does not read or mixes types in a column
+            (the message names the file, the field and the row).
         DatasetExistsError: A build, append or index into it is unfinished or running.
 
-    Example:
+    Examples:
         >>> attach_columns("shards/train", "scores.parquet", key="__key__")  # doctest: +SKIP
     """
     arrow = import_arrow()
-    rows = read_table(table)
+    rows = read_table(table, types)
     request = hashlib.sha256(_ipc_bytes(arrow, rows) + key.encode()).hexdigest()
     store = Store(os.fspath(dataset), storage_options)
     with destination_lock(store, "attach"):
@@ -94,8 +104,10 @@ def attach_columns(
         if base.columns is not None:  # fields attached before stay, after the new ones
             types = {**types, **{k: v for k, v in base.columns.fields.items() if k not in types}}
         columns = ColumnSet(folder, types, len(base.shards))
+        table_name = os.fspath(table) if isinstance(table, (str, os.PathLike)) else None
         settings = {**base.settings, "attach": {"request": request, "fields": list(fields),
-                                               "matched_samples": matched}}  # fmt: skip
+                                               "matched_samples": matched,
+                                               "table": table_name}}  # fmt: skip
         manifest = Manifest(
             shards=base.shards, class_names=base.class_names, settings=settings,
             skipped=base.skipped, created_by=f"shardstream {__version__} attach",
@@ -106,26 +118,27 @@ def attach_columns(
     return manifest
 
 
-def read_table(table: Any) -> Any:
-    """``table`` as a pyarrow Table (a path: Parquet, CSV or JSONL by its suffix)."""
+def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
+    """``table`` as a pyarrow Table (a path: Parquet, CSV or JSONL by its suffix).
+
+    Column types are decided explicitly: ``types`` (field -> Arrow type name such as
+    ``"float64"`` or ``"string"``) declares them; an undeclared CSV column that is numbers in
+    most rows and text in a few is refused, naming the field and the row, never turned into
+    text (see :mod:`shardstream.catalog.tablefiles`).
+
+    Raises:
+        ConfigError: The file does not read (a row with an extra column, a field that is a
+            number in one row and text in another, a corrupt Parquet file), a value does not
+            fit its declared type, or a CSV column mixes numbers and text.
+    """
     arrow = import_arrow()
-    if isinstance(table, arrow.Table):
-        return table
+    declared = declared_types(types or {})
     if isinstance(table, (str, os.PathLike)):
-        path = os.fspath(table)
-        if path.endswith(".parquet"):
-            return arrow.parquet.read_table(path)
-        if path.endswith(".csv"):
-            import pyarrow.csv
-
-            return pyarrow.csv.read_csv(path)
-        if path.endswith((".jsonl", ".json")):
-            import pyarrow.json
-
-            return pyarrow.json.read_json(path)
-        raise ConfigError(f"{path}: a table is a .parquet, .csv or .jsonl file")
+        return read_table_file(os.fspath(table), declared)
+    if isinstance(table, arrow.Table):
+        return cast_declared(table, declared, "the table")
     if hasattr(table, "to_dict") and hasattr(table, "columns"):  # a pandas DataFrame
-        return arrow.Table.from_pandas(table, preserve_index=False)
+        return cast_declared(from_pandas(table), declared, "the DataFrame")
     raise ConfigError(f"a table is a file, a pandas DataFrame or a pyarrow Table, not {table!r}")
 
 

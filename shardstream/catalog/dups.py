@@ -120,7 +120,7 @@ def find_duplicates(
     Raises:
         ConfigError: No source, or an unknown ``drop``.
 
-    Example:
+    Examples:
         >>> report = find_duplicates(["shards/train", "shards/test"], keys_out="leaks.txt",
         ...                          drop="leaked")  # doctest: +SKIP
         >>> report.crossing_groups, report.keys_written  # doctest: +SKIP

@@ -72,7 +72,7 @@ def exclude_samples(
         DatasetExistsError: A build, append or index into the dataset is unfinished or
             running, or another writer published this version meanwhile.
 
-    Example:
+    Examples:
         >>> manifest = exclude_samples("shards/train", ["n01440764_10026"])  # doctest: +SKIP
         >>> manifest.version, manifest.exclusions.count(0)  # doctest: +SKIP
         (3, 1)

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from shardstream.errors import SourceError
+from shardstream.format.manifest import MANIFEST_NAME
 from shardstream.format.tarreader import is_gzip_name
 from shardstream.storage import Store
 
@@ -40,10 +41,8 @@ def refuse_inexact(
                 f"sample {before['last_key']!r} is split across {before['name']} and "
                 f"{after['name']}: readers would see two samples"
             )
-    for number, record in records.items():
-        if any(entry["problems"] for entry in record["entries"]):
-            target.child(STATE_FOLDER).remove(f"task-{number:06d}.json")
     if problems:
+        kept = _forget_unreadable(records, target)
         shown = "\n  ".join(problems[:10]) + ("\n  ..." if len(problems) > 10 else "")
         back = any("comes back" in problem for problem in problems)
         hint = " Shards made with GNU tar keep a sample's files together with `tar --sort=name`."
@@ -51,8 +50,31 @@ def refuse_inexact(
         raise SourceError(
             f"{shards.shown()}: {len(problems)} problem(s) would break exact epochs:\n  {shown}\n"
             "Fix or leave out those shards (or pass allow_extra_members=True when only "
-            f"members outside samples are listed), then run the same command again.{hint}"
+            f"members outside samples are listed), then run the same command again.{hint}{kept}"
         )
+
+
+def _forget_unreadable(records: dict[int, dict[str, Any]], target: Store) -> str:
+    """Forget the batches with problems (their indexes too, where no manifest names them), so
+    that a run after fixing them reads them again; remove the run's state when nothing else
+    is left to resume. Returns what the message says about the batches kept."""
+    state = target.child(STATE_FOLDER)
+    fresh = not target.exists(MANIFEST_NAME)  # else an index may be the manifest's
+    for number, record in list(records.items()):
+        if any(entry["problems"] for entry in record["entries"]):
+            state.remove(f"task-{number:06d}.json")
+            del records[number]
+            for index in (entry["index"] for entry in record["entries"] if fresh):
+                if index:
+                    target.remove(index)
+    if not records:
+        state.remove_folder()
+        return ""
+    done = sum(len(record["entries"]) for record in records.values())
+    return (
+        f" The {done} shard(s) read without problems are remembered in "
+        f"{state.shown()}, so that run reads only the others."
+    )
 
 
 def log_compressed(entries: list[dict[str, Any]], target: Store) -> None:

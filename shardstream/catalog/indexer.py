@@ -155,7 +155,7 @@ def index_shards(
         DatasetExistsError: DEST holds a manifest (pass ``overwrite``) or a foreign ``.idx``.
         ConfigError: The metadata cannot be written next to the shards (give DEST).
 
-    Example:
+    Examples:
         >>> manifest = index_shards("s3://bucket/laion/{00000..09999}.tar", "s3://mine/laion",
         ...                         workers=16)  # doctest: +SKIP
     """

@@ -35,7 +35,7 @@ PARTITION_PREFIX = "part-"
 def partition_folder(partition: int) -> str:
     """The folder of partition ``partition`` inside the dataset folder.
 
-    Example:
+    Examples:
         >>> partition_folder(3)
         'part-00003'
     """

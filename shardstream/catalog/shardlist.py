@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardstream.catalog.facts import DatasetFacts
+from shardstream.catalog.shardsizes import refuse_other_shards
 from shardstream.catalog.shardspec import ShardSource, ShardSpec
 from shardstream.catalog.shardurls import (
     SHARD_URL_SUFFIXES,
@@ -36,6 +37,7 @@ from shardstream.catalog.shardurls import (
     refuse_missing,
 )
 from shardstream.catalog.versions import published_version, read_version
+from shardstream.catalog.viewrecords import check_view_files
 from shardstream.errors import ConfigError
 from shardstream.format.manifest import MANIFEST_NAME, Manifest, read_manifest, read_manifest_file
 from shardstream.format.roots import root_store, view_selection
@@ -134,9 +136,15 @@ class ShardList:
 
 
 def source_of(store: Store, manifest: Manifest) -> ShardSource:
-    """The shard source a dataset's manifest describes (its roots, view and exclusions)."""
+    """The shard source a dataset's manifest describes (its roots, view and exclusions).
+
+    Raises:
+        ManifestError: A view whose files went with its pruned source version.
+    """
+    check_view_files(store, manifest)
     selection = view_selection(store, manifest)
     shards = root_store(store, manifest.shard_root)
+    refuse_other_shards(store, shards, manifest)
     indexes = root_store(store, manifest.index_root)
     columns = manifest.columns
     found = None if columns is None else (root_store(store, columns.root), columns)
@@ -174,7 +182,7 @@ def resolve_source(
             different storage.
         ShardNotFoundError: A local shard that the pattern or list names does not exist.
 
-    Example:
+    Examples:
         >>> store, shards, _ = resolve_source("d/train-{0..1}.tar")
         >>> store.root, shards.names()
         ('d', ['train-0.tar', 'train-1.tar'])
@@ -225,7 +233,7 @@ def read_dataset(
         ConfigError: The source names shards (a pattern, a URL list, a ``.txt`` file), not a
             dataset with a manifest.
 
-    Example:
+    Examples:
         >>> store, manifest = read_dataset("shards/train/manifest.json")  # doctest: +SKIP
     """
     if not isinstance(source, (str, os.PathLike)):
@@ -251,7 +259,7 @@ def newest_version(source: Source, storage_options: StorageOptions = None) -> in
     None for sources without versions: patterns, URL lists, and manifest files other than
     ``manifest.json`` (a version's own file always names that version).
 
-    Example:
+    Examples:
         >>> newest_version("shards/crawl")  # doctest: +SKIP
         3
     """
@@ -273,6 +281,8 @@ def _no_manifest(shown: str) -> ConfigError:
 
 def _list_folder(store: Store) -> tuple[Store, ShardList, None]:
     """A folder's shard files, sorted by name (no manifest read: counts unknown)."""
+    if store.is_local and not os.path.exists(store.local_path("")):
+        raise ConfigError(f"{store.shown()}: does not exist; check the path")
     names = sorted(name for name in store.list_names() if name.endswith(SHARD_SUFFIXES))
     if not names:
         raise ConfigError(f"{store.shown()}: holds no .tar, .tar.gz or .tgz shards")

@@ -25,7 +25,7 @@ def files_only_in(removed: Manifest, kept: Sequence[Manifest]) -> list[str]:
     stored elsewhere (``shard_root``, ``index_root``) are never listed: they are not the
     dataset's to delete.
 
-    Example:
+    Examples:
         >>> files_only_in(read_version(store, 1), [read_version(store, 3)])  # doctest: +SKIP
         ['shard-000002.tar', 'shard-000002.idx']
     """

@@ -55,7 +55,7 @@ def version_name(version: int, suffix: str = "json") -> str:
 def list_versions(store: Store) -> list[int]:
     """Every version of the dataset that can still be read, oldest first.
 
-    Example:
+    Examples:
         >>> list_versions(Store("shards/train"))  # doctest: +SKIP
         [1, 2, 3]
     """
@@ -157,7 +157,7 @@ def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, in
     Raises:
         ValueError: ``keep`` is below 1.
 
-    Example:
+    Examples:
         >>> prune_plan(Store("shards/train"), keep=2)  # doctest: +SKIP
         {1: {'manifest.v000001.json': 1375}}
     """
@@ -193,7 +193,7 @@ def prune_versions(store: Store, keep: int = DEFAULT_KEEP) -> list[int]:
     every version a running job (or a checkpoint you may resume) reads; views made of a
     removed version read shard files that may be gone.
 
-    Example:
+    Examples:
         >>> prune_versions(Store("shards/train"), keep=2)  # doctest: +SKIP
         [1, 2]
     """

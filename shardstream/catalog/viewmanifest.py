@@ -28,7 +28,12 @@ def view_manifest(
         created_by=f"shardstream {__version__} view",
         shard_root=absolute_root(root_store(origin, manifest.shard_root)),
         index_root=absolute_root(root_store(origin, manifest.index_root)),
-        view={"source": origin.shown(), "source_version": manifest.version, "select": select},
+        view={
+            "source": origin.shown(),
+            "source_root": absolute_root(origin),
+            "source_version": manifest.version,
+            "select": select,
+        },
         exclusions=exclusions,
         columns=columns,
     )

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.catalog.viewmanifest import view_manifest
+from shardstream.catalog.viewrecords import record_view
 from shardstream.catalog.whereview import where_view
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet
@@ -67,7 +68,7 @@ def make_view(
         storage_options: fsspec options for remote URLs.
         progress: Called as ``progress(shards_done, shards)`` while the indexes are read.
 
-    Example:
+    Examples:
         >>> view = make_view("shards/train", "shards/train-10pct", fraction=0.1)  # doctest: +SKIP
         >>> view.num_samples  # doctest: +SKIP
         128117
@@ -100,6 +101,7 @@ def make_view(
     view = view_manifest(origin, manifest, counts, selection.as_dict(keys_file),
                          manifest.exclusions, _columns_of(origin, manifest))  # fmt: skip
     write_manifest(target, view)
+    record_view(origin, target, manifest.version)
     return view
 
 
@@ -114,14 +116,18 @@ def split_dataset(
 ) -> dict[str, Manifest]:
     """A view per split in ``dest/<name>``, by key: every key in exactly one split.
 
-    Example:
+    Raises:
+        ConfigError: A share is negative, or the shares do not add up to 1.
+
+    Examples:
         >>> shares = {"train": 0.9, "val": 0.1}
         >>> views = split_dataset("shards/all", "shards/split", shares)  # doctest: +SKIP
     """
     total = sum(splits.values())
-    if not splits or total <= 0 or any(share < 0 for share in splits.values()):
+    if not splits or any(share < 0 for share in splits.values()) or abs(total - 1) > 1e-6:
         raise ConfigError(
-            f"splits need non-negative shares that add up to more than 0: {dict(splits)}"
+            f"split shares must be non-negative and add up to 1, got {dict(splits)} (sum "
+            f"{total:g}); e.g. train=0.9,val=0.1"
         )
     low, views = 0.0, {}
     for number, (name, share) in enumerate(splits.items()):

@@ -18,6 +18,7 @@ import numpy as np
 
 from shardstream.catalog.shardlist import Source, read_dataset
 from shardstream.catalog.viewmanifest import view_manifest
+from shardstream.catalog.viewrecords import record_view
 from shardstream.errors import ConfigError
 from shardstream.format.columns import ColumnSet, column_file, read_column_table
 from shardstream.format.exclusions import Exclusions
@@ -46,7 +47,7 @@ def where_view(
         ConfigError: The source is a view or has no attached fields, or the predicate does
             not parse or names a field the source lacks.
 
-    Example:
+    Examples:
         >>> where_view("shards/train", "shards/pretty", "aesthetic >= 5")  # doctest: +SKIP
     """
     predicate = Predicate(where)
@@ -75,6 +76,7 @@ def where_view(
     target = Store(os.fspath(dest), storage_options)
     target.makedirs()
     write_manifest(target, view)
+    record_view(origin, target, manifest.version)
     return view
 
 

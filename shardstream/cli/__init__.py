@@ -11,6 +11,7 @@ output. Errors are one line, with the command line's flags for the library's arg
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
@@ -52,7 +53,7 @@ SUBCOMMANDS: list[Callable[[Any], None]] = [
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 mismatch/error, 2 usage).
 
-    Example:
+    Examples:
         >>> main(["inspect", "shards/train"])  # doctest: +SKIP
         0
     """
@@ -84,16 +85,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def make_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand; ``-v`` and ``-q`` work before or after its name."""
-    parser = argparse.ArgumentParser(prog="shardstream", description=plain_help(__doc__))
+    parser = _Parser(prog="shardstream", description=plain_help(__doc__))
     parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
     _add_output_flags(parser, False)
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, parser_class=argparse.ArgumentParser
+    )
     for add in SUBCOMMANDS:
         add(subparsers)
+    parser.commands = subparsers.choices
     for subparser in subparsers.choices.values():
         # SUPPRESS: a flag left out after the subcommand keeps the value given before it.
         _add_output_flags(subparser, argparse.SUPPRESS)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top-level parser: an unknown flag gets the subcommand's closest one suggested."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hint = self._suggestion(parsed, extras)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _suggestion(self, parsed: argparse.Namespace, extras: Sequence[str]) -> str:
+        command = self.commands.get(getattr(parsed, "command", None) or "")
+        known = [*self._option_string_actions, *(command._option_string_actions if command else ())]
+        for extra in extras:
+            if extra.startswith("--"):
+                close = difflib.get_close_matches(extra.partition("=")[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def _add_output_flags(parser: argparse.ArgumentParser, default: Any) -> None:

@@ -19,6 +19,11 @@ def add_attach(subparsers: Any) -> None:
     parser.add_argument("dest", help="the dataset folder or URL")
     parser.add_argument("table", help="a .parquet, .csv or .jsonl file: a key column and fields")
     parser.add_argument("--key", default="__key__", help="the table's key column (__key__)")
+    parser.add_argument(
+        "--type", dest="types", action="append", default=[], metavar="FIELD=TYPE",
+        help="declare a column's type (an Arrow type name: int64, float64, string, bool), "
+        "repeatable; a CSV column that mixes numbers and text is refused unless declared",
+    )  # fmt: skip
     add_storage_options(parser)
     parser.set_defaults(handler=_run_attach)
 
@@ -28,10 +33,12 @@ def _run_attach(args: argparse.Namespace) -> int:
     from shardstream.format.manifest import read_manifest
 
     options = storage_options(args)
+    types = dict(_declared(text) for text in args.types)
     before = read_manifest(args.dest, options)
     with counting(args.quiet, "shards", "writing fields") as progress:
         after = attach_columns(
-            args.dest, args.table, args.key, storage_options=options, progress=progress
+            args.dest, args.table, args.key, types=types, storage_options=options,
+            progress=progress,
         )
     if after.version == before.version:
         print(f"{shown(args)}: version {after.version} holds this table already; nothing done")
@@ -45,3 +52,12 @@ def _run_attach(args: argparse.Namespace) -> int:
         f"fields {names}"
     )
     return 0
+
+
+def _declared(text: str) -> tuple[str, str]:
+    from shardstream.errors import ConfigError
+
+    field, equals, kind = text.partition("=")
+    if not equals or not field.strip() or not kind.strip():
+        raise ConfigError(f"--type takes FIELD=TYPE such as score=float64, got {text!r}")
+    return field.strip(), kind.strip()

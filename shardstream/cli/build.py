@@ -71,7 +71,9 @@ def add_build(subparsers: Any) -> None:
         "--on-error",
         choices=("raise", "skip"),
         default="raise",
-        help="stop at a corrupt file, or skip it and list it in the manifest (default: raise)",
+        help="stop at an unreadable file or an image that fails the check (signature and end "
+        "marker for JPEG/PNG, header for others; not a full decode: `verify --decode` does "
+        "that), or skip it and list it in the manifest (default: raise)",
     )
     written = parser.add_mutually_exclusive_group()
     written.add_argument("--overwrite", action="store_true", help="replace what DEST holds")

@@ -59,7 +59,7 @@ _SPELLINGS = [
 def plain_help(docstring: str | None) -> str:
     """A docstring's first line as ``--help`` shows it: without reST markup.
 
-    Example:
+    Examples:
         >>> plain_help("The ``shardstream`` command line: :func:`main`.")
         'The shardstream command line: main.'
     """
@@ -70,7 +70,7 @@ def plain_help(docstring: str | None) -> str:
 def cli_spelling(text: str) -> str:
     """A library message with the command line's flags for the Python arguments it names.
 
-    Example:
+    Examples:
         >>> cli_spelling("pass overwrite=True (--overwrite) to start over")
         'pass --overwrite to start over'
         >>> cli_spelling("fix the file, or pass on_error='skip'")
@@ -94,7 +94,7 @@ def parse_size(text: str) -> int:
 def parse_storage_option(text: str) -> tuple[str, Any]:
     """``"anon=false"`` -> ``("anon", False)``; a value that is not JSON stays a string.
 
-    Example:
+    Examples:
         >>> parse_storage_option("endpoint_url=http://127.0.0.1:9000")
         ('endpoint_url', 'http://127.0.0.1:9000')
         >>> parse_storage_option('config_kwargs={"max_pool_connections": 64}')
@@ -115,7 +115,7 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
 class DeprecatedFlag(argparse.Action):
     """An old spelling of a flag: stores its value as the new one does, with a note on stderr.
 
-    Example:
+    Examples:
         >>> parser = argparse.ArgumentParser()
         >>> _ = parser.add_argument("--old", dest="new", action=DeprecatedFlag,
         ...                         replacement="--new")

@@ -62,6 +62,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         if names
         else "classes:  none",
         f"skipped:  {len(manifest.skipped)}",
+        *_fields(manifest),
         f"created:  {manifest.created_by} (format {manifest.format_version})",
         "settings: " + json.dumps(dict(manifest.settings), sort_keys=True),
         *_details(store, manifest, args.classes, args.quiet),
@@ -111,6 +112,17 @@ def _versions(store: Store, shown_version: int) -> list[str]:
             f"shards{_by_version(manifest)}{' (published)' if number == versions[-1] else ''}"
         )
     return lines
+
+
+def _fields(manifest: Any) -> list[str]:
+    """The attached fields, their types and where they came from (``shardstream attach``)."""
+    if manifest.columns is None:
+        return []
+    names = ", ".join(f"{name} ({kind})" for name, kind in manifest.columns.fields.items())
+    attach = manifest.settings.get("attach") or {}
+    table = f" from {attach['table']}" if attach.get("table") else ""
+    made = manifest.columns.folder.rpartition("/v")[2].lstrip("0") or "0"
+    return [f"fields:   {names} (attached by version {made}{table}; `view --where` selects)"]
 
 
 def _excluded(manifest: Any) -> str:

@@ -28,7 +28,8 @@ def add_prune(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--dry-run", action="store_true",
-        help="list the versions and files that would be removed, with their sizes",
+        help="list the versions and files that would be removed, with their sizes, and the "
+        "views (made with `shardstream view`) that would no longer read",
     )  # fmt: skip
     add_storage_options(parser)
     parser.set_defaults(handler=_run_prune)
@@ -36,6 +37,7 @@ def add_prune(subparsers: Any) -> None:
 
 def _run_prune(args: argparse.Namespace) -> int:
     from shardstream.catalog.versions import list_versions, prune_plan, prune_versions
+    from shardstream.catalog.viewrecords import views_reading
     from shardstream.errors import ConfigError
 
     if args.keep < 1:
@@ -55,4 +57,9 @@ def _run_prune(args: argparse.Namespace) -> int:
     )
     for name, size in files.items():
         print(f"  {name}  {human(size)}")
+    for view, version, lost in views_reading(store, files):
+        print(
+            f"view {view} (made of version {version}) {'will' if args.dry_run else 'can'} no "
+            f"longer be read: it reads {lost}; make it again from version {max(kept)}"
+        )
     return 0

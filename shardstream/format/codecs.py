@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -88,10 +89,33 @@ def encode_member(member_extension: str, value: Any, where: str = "sample") -> b
     )
 
 
+#: The most bytes a gzipped member may decompress to (a larger one is refused, not held).
+MAX_GUNZIPPED_BYTES = 1 << 30
+
+
+def _gunzipped(data: bytes, member_extension: str, where: str) -> bytes:
+    unzip = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        plain = unzip.decompress(data, MAX_GUNZIPPED_BYTES + 1)
+    except zlib.error as error:
+        raise DecodeError(
+            f"{where}: member {member_extension!r} ({len(data)} bytes) is not valid gzip: {error}"
+        ) from error
+    if len(plain) > MAX_GUNZIPPED_BYTES or unzip.unconsumed_tail:
+        raise DecodeError(
+            f"{where}: member {member_extension!r} decompresses to more than "
+            f"{MAX_GUNZIPPED_BYTES} bytes; refused"
+        )
+    return plain
+
+
 def decode_member(
     member_extension: str, data: bytes, where: str = "sample", allow_pickle: bool = False
 ) -> Any:
     """Decode a non-image member by extension; unknown extensions (and images) stay bytes.
+
+    A gzipped member (``txt.gz``, ``json.gz``...) is decompressed and decoded by its inner
+    extension, as webdataset does.
 
     Raises:
         DecodeError: The bytes do not parse as the extension says; ``where`` names shard and key.
@@ -99,6 +123,9 @@ def decode_member(
     kind = extension_of(member_extension)
     if not isinstance(data, bytes):
         data = bytes(data)  # readers hand over buffer slices; fields are always bytes
+    if kind == "gz" and "." in member_extension:  # "txt.gz": decoded as "txt", as webdataset does
+        inner = member_extension.rsplit(".", 1)[0]
+        return decode_member(inner, _gunzipped(data, member_extension, where), where, allow_pickle)
     try:
         if kind in LABEL_EXTENSIONS:
             return int(data)

@@ -94,8 +94,20 @@ class ColumnSet:
 
 
 def read_column_table(store: Store, name: str) -> Any:
-    """A shard's fields as an Arrow table (one row per stored sample)."""
-    return import_arrow().parquet.read_table(io.BytesIO(store.read_bytes(name)))
+    """A shard's fields as an Arrow table (one row per stored sample).
+
+    Raises:
+        ManifestError: The file is not readable Parquet (corrupt or truncated).
+    """
+    arrow = import_arrow()
+    data = store.read_bytes(name)
+    try:
+        return arrow.parquet.read_table(io.BytesIO(data))
+    except (arrow.ArrowInvalid, OSError) as error:
+        raise ManifestError(
+            f"{store.shown(name)}: the attached fields' file is not readable Parquet ({error}); "
+            "attach the table again to rewrite it"
+        ) from None
 
 
 def read_columns(store: Store, name: str) -> dict[str, list[Any]]:

@@ -29,7 +29,7 @@ def _is_metadata(extension: str) -> bool:
 def sample_members_digest(members: Iterable[tuple[str, bytes | bytearray | memoryview]]) -> bytes:
     """The digest of a sample's ``(extension, data)`` members (any order).
 
-    Example:
+    Examples:
         >>> a = sample_members_digest([("jpg", b"\\xff\\xd8"), ("cls", b"1")])
         >>> a == sample_members_digest([("cls", b"7"), ("jpg", b"\\xff\\xd8")]), len(a)
         (True, 16)

@@ -38,7 +38,7 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     """``values`` sorted, repeats dropped (a sort: numpy's hashed ``unique`` is far slower on
     millions of integers).
 
-    Example:
+    Examples:
         >>> sorted_unique(np.array([3, 1, 3])).tolist()
         [1, 3]
     """
@@ -52,7 +52,7 @@ def is_in(values: np.ndarray, ordered: np.ndarray) -> np.ndarray:
     """Which of ``values`` are in the sorted array ``ordered`` (a binary search each: costs
     grow with ``values``, not with ``ordered``).
 
-    Example:
+    Examples:
         >>> is_in(np.array([1, 2, 5]), np.array([1, 5, 9])).tolist()
         [True, False, True]
     """
@@ -76,7 +76,7 @@ class Exclusions:
         places: ``shard << 32 | position`` of every excluded sample, increasing (``int64``).
         versions: The version that excluded each (``uint32``).
 
-    Example:
+    Examples:
         >>> excluded = Exclusions.of(np.array([3, 3, 0]), np.array([5, 1, 2]), version=2)
         >>> excluded.count(3), excluded.positions(3).tolist(), excluded.kept(3, 7).tolist()
         (2, [1, 5], [0, 2, 3, 4, 6])

@@ -35,7 +35,7 @@ COMPANIONS = {
 def shard_spread(manifest: Manifest) -> dict[str, dict[str, float]]:
     """Min, median and max of samples and of bytes per shard.
 
-    Example:
+    Examples:
         >>> from shardstream.format.manifest import ShardInfo
         >>> m = Manifest(shards=[ShardInfo(f"s{i}.tar", i + 1, 4096 * (i + 1)) for i in range(3)])
         >>> shard_spread(m)["samples"]

@@ -23,7 +23,7 @@ __all__ = ["check_key", "check_key_stem", "key_hash", "member_name", "split_key"
 def split_key(name: str) -> tuple[str, str] | None:
     """``"a/b/x.seg.png"`` -> ``("a/b/x", "seg.png")``; ``None`` for names that are not members.
 
-    Example:
+    Examples:
         >>> split_key("a/b/x.seg.png"), split_key("x."), split_key("__MACOSX/._x.jpg")
         (('a/b/x', 'seg.png'), None, None)
     """
@@ -80,7 +80,7 @@ def member_name(key: str, extension: str, where: str) -> str:
         SourceError: The extension is empty, starts or ends with a dot, or holds a slash, so
             readers would group the member under another key or skip it.
 
-    Example:
+    Examples:
         >>> member_name("a/x", "seg.png", "sample #0")
         'a/x.seg.png'
     """

@@ -65,7 +65,7 @@ def read_manifest(
         ManifestError: The manifest or its table is malformed, of an unsupported version, or
             implausibly large.
 
-    Example:
+    Examples:
         >>> manifest = read_manifest("s3://bucket/train")  # doctest: +SKIP
     """
     return read_manifest_file(as_store(dataset, storage_options), MANIFEST_NAME)
@@ -78,6 +78,11 @@ def read_manifest_file(store: Store, name: str) -> Manifest:
         with store.open_read(name) as stream:
             text = stream.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as error:
+        if store.is_local and not os.path.exists(store.local_path("")):
+            raise ManifestNotFoundError(
+                f"{store.shown()}: does not exist; check the path (a dataset folder holds "
+                f"{MANIFEST_NAME})"
+            ) from error
         raise ManifestNotFoundError(
             f"{where}: no manifest. A shardstream dataset is complete only once its manifest is "
             "written last; run `shardstream build` again with the same arguments to finish an "

@@ -93,7 +93,7 @@ class Manifest:
             None; shard counts are then of the kept samples.
         columns: Fields attached to the samples by key (``shardstream attach``), or None.
 
-    Example:
+    Examples:
         >>> m = Manifest(shards=(ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32),))
         >>> Manifest.from_json(m.to_json()).num_samples
         2

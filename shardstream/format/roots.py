@@ -22,7 +22,7 @@ __all__ = ["absolute_root", "root_store", "view_selection"]
 def root_store(dataset: Store, root: str | None) -> Store:
     """The store of a manifest's ``shard_root``/``index_root`` (relative to the dataset).
 
-    Example:
+    Examples:
         >>> root_store(Store("/data/view"), "../train").root
         '/data/train'
     """

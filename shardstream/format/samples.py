@@ -31,7 +31,7 @@ def iter_samples(reader: TarReader, want_data: bool = True) -> Iterator[tuple[Sa
         ShardFormatError: Truncation, a corrupt header, or one key holding the same extension
             twice; the message names the shard, key and byte offset.
 
-    Example:
+    Examples:
         >>> with open("shard-000000.tar", "rb") as f:  # doctest: +SKIP
         ...     keys = [s["__key__"] for s, _ in iter_samples(open_tar(f, "shard-000000.tar"))]
     """
@@ -75,7 +75,7 @@ KEY_READ_BYTES = 8192
 def key_at(data: bytes, url: str) -> str:
     """The key of the sample whose bytes start ``data`` (at least its first member's headers).
 
-    Example:
+    Examples:
         >>> from shardstream.format.tarheader import member_header
         >>> key_at(member_header("a/b.jpg", 3) + b"abc", "x.tar")
         'a/b'

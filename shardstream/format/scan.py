@@ -12,6 +12,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import hashlib
+import re
 from typing import IO, Any
 
 from shardstream.errors import ShardFormatError
@@ -21,7 +22,7 @@ from shardstream.format.samples import iter_samples
 from shardstream.format.tarheader import BLOCK
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES, open_tar, stream_size
 
-__all__ = ["ShardScan", "scan_shard"]
+__all__ = ["ShardScan", "scan_shard", "without_skip_hint"]
 
 
 @dataclasses.dataclass
@@ -99,7 +100,7 @@ def scan_shard(
         max_member_bytes: Largest member the scan accepts (data is never held, but a header
             declaring more is reported as corrupt, as the streaming reader would).
 
-    Example:
+    Examples:
         >>> with open("shard-000000.tar", "rb") as f:  # doctest: +SKIP
         ...     scan = scan_shard(f, "shard-000000.tar")
     """
@@ -130,7 +131,7 @@ def scan_shard(
         offsets.append(reader.offset - BLOCK)  # where the end-of-archive blocks start
         complete = True
     except ShardFormatError as error:
-        scan.problems.append(str(error))
+        scan.problems.append(without_skip_hint(str(error)))
     if not hop:
         counting.drain()
     scan.num_samples = len(offsets) - 1 if complete else len(offsets)
@@ -149,3 +150,17 @@ def _seekable(stream: Any) -> bool:
         return bool(stream.seekable())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+_SKIP_HINT = re.compile(r",? or pass on_error='skip'(?: to skip and count [\w ]+)?")
+
+
+def without_skip_hint(message: str) -> str:
+    """A reader's message without its ``on_error='skip'`` hint, for the commands that read
+    every shard to check it (``index``, ``verify``), which have no such option.
+
+    Examples:
+        >>> without_skip_hint("x.tar: truncated. Re-copy or rebuild it, or pass on_error='skip'.")
+        'x.tar: truncated. Re-copy or rebuild it.'
+    """
+    return _SKIP_HINT.sub("", message)

@@ -29,7 +29,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 def key_draws(key_hashes: np.ndarray, seed: int) -> np.ndarray:
     """A uniform draw in ``[0, 1)`` per key hash, seeded (splitmix64 of hash and seed).
 
-    Example:
+    Examples:
         >>> draws = key_draws(np.arange(100_000, dtype=np.int64), seed=0)
         >>> bool(0.49 < draws.mean() < 0.51)
         True
@@ -54,7 +54,7 @@ class Selection:
         high: Upper bound of the kept draws (``range``).
         keys: Sorted key hashes to keep (``keys``).
 
-    Example:
+    Examples:
         >>> kept = Selection.fraction(0.5, seed=3).keep(np.arange(1000, dtype=np.int64))
         >>> 430 < int(kept.sum()) < 570
         True

@@ -86,7 +86,7 @@ def encode_offsets(
     (with them) the content digests (16 bytes each, or one blob of them), and (with those) the
     ``(height, width)`` of every sample's pixel image.
 
-    Example:
+    Examples:
         >>> decode_offsets(encode_offsets([0, 1536, 3072]), "x.idx").tolist()
         [0, 1536, 3072]
     """

@@ -50,7 +50,7 @@ _TEMPLATE = re.compile(r"(.*?)([0-9]+)([^0-9]*)")
 class NameColumn(collections.abc.Sequence[str]):
     """Names as a template (``prefix``, zero-padded number from ``first``, ``suffix``) or a blob.
 
-    Example:
+    Examples:
         >>> names = NameColumn.of(["shard-000000.tar", "shard-000001.tar"])
         >>> names.template, names[1]
         (('shard-', 6, '.tar', 0), 'shard-000001.tar')
@@ -141,7 +141,7 @@ class ShardTable(collections.abc.Sequence[ShardInfo]):
         sha256: Raw sha256 per shard (``uint8``, shape ``(n, 32)``), or None when not computed.
         indexes: Index file names (``""`` for none), or None when no shard has an index.
 
-    Example:
+    Examples:
         >>> table = ShardTable.of([ShardInfo("shard-000000.tar", 2, 4096, "ab" * 32)])
         >>> table.total_samples, table[0].name
         (2, 'shard-000000.tar')

@@ -22,7 +22,7 @@ _ZEROS = bytes(BLOCK)
 class TarShardWriter:
     """Writes members to a binary stream, hashing and counting every byte.
 
-    Example:
+    Examples:
         >>> import io
         >>> writer = TarShardWriter(io.BytesIO())
         >>> writer.start_sample("a/b")

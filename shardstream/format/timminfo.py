@@ -45,7 +45,7 @@ def timm_info_json(manifest: Manifest, split: str = TIMM_SPLIT) -> str:
         ConfigError: ``split`` is empty, or contains ``tar`` or ``..`` (timm would read such a
             split as a shard pattern and never look it up in the file).
 
-    Example:
+    Examples:
         >>> from shardstream.format.manifest import ShardInfo
         >>> shards = (ShardInfo("shard-000000.tar", 5, 10240, "0" * 64),)
         >>> info = json.loads(timm_info_json(Manifest(shards=shards)))
@@ -87,7 +87,7 @@ def write_timm_info(
     Returns:
         The URL of the file written.
 
-    Example:
+    Examples:
         >>> from shardstream.format.manifest import read_manifest
         >>> write_timm_info("shards/val", read_manifest("shards/val"),
         ...                 split="validation")  # doctest: +SKIP

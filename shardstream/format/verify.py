@@ -15,7 +15,7 @@ import numpy as np
 from shardstream.errors import ChecksumMismatchError, ShardFormatError
 from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
 from shardstream.format.roots import root_store, view_selection
-from shardstream.format.scan import scan_shard
+from shardstream.format.scan import scan_shard, without_skip_hint
 from shardstream.format.selection import Selection
 from shardstream.format.shardindex import decode_index
 from shardstream.storage import StorageOptions, Store, as_store
@@ -32,7 +32,7 @@ def verify_dataset(
         ManifestNotFoundError: ``dataset`` has no manifest.
         ChecksumMismatchError: Some shard differs; the message lists every mismatch.
 
-    Example:
+    Examples:
         >>> verify_dataset("shards/train").num_samples  # doctest: +SKIP
         1281167
     """
@@ -135,7 +135,7 @@ def _check_index(
     except FileNotFoundError:
         return [f"{shard.index}: index missing (the manifest names it for {shard.name})"]
     except ShardFormatError as error:
-        return [str(error)]
+        return [without_skip_hint(str(error))]
     stored = decoded.offsets
     if list(stored) == list(offsets):
         if decoded.digests is None or digests is None or decoded.digests.tobytes() == digests:

@@ -24,6 +24,7 @@ _COMPARE = {
     ast.Lt: "less", ast.LtE: "less_equal", ast.Gt: "greater", ast.GtE: "greater_equal",
     ast.Eq: "equal", ast.NotEq: "not_equal",
 }  # fmt: skip
+_KINDS = {str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 class Predicate:
@@ -32,7 +33,7 @@ class Predicate:
     Args:
         text: The expression, e.g. ``"aesthetic >= 5 and label in [1, 2]"``.
 
-    Example:
+    Examples:
         >>> Predicate("aesthetic >= 5 and not nsfw").fields
         ['aesthetic', 'nsfw']
     """
@@ -75,10 +76,29 @@ class Predicate:
                 f"{', '.join(table.column_names) or 'none'})"
             )
         arrow = import_arrow()
-        value = self._evaluate(self._tree, table, arrow)
+        value = self._truth(self._tree, table, arrow)
         if isinstance(value, arrow.Scalar) or not hasattr(value, "type"):
             value = arrow.array([value.as_py() if hasattr(value, "as_py") else value] * len(table))
         return np.asarray(arrow.compute.fill_null(value, False).to_numpy(zero_copy_only=False))
+
+    def _truth(self, node: ast.AST, table: Any, arrow: Any) -> Any:
+        """``node``'s value, refused unless it is true/false (a bare number field is not)."""
+        value = self._evaluate(node, table, arrow)
+        kind = getattr(value, "type", None)
+        if kind is not None and not arrow.types.is_boolean(kind) and not arrow.types.is_null(kind):
+            raise ConfigError(
+                f"where {self.text!r}: {self._describe(node, value)} is not true/false; compare "
+                f"it with a value, e.g. '{ast.unparse(node)} > 0' (or name a boolean field)"
+            )
+        return value
+
+    def _describe(self, node: ast.AST, value: Any) -> str:
+        """``field 'aesthetic' (int64)`` or ``the constant '5' (a string)``."""
+        if isinstance(node, ast.Name):
+            return f"field {node.id!r} ({value.type})"
+        if isinstance(node, ast.Constant):
+            return f"the constant {node.value!r} (a {_KINDS.get(type(node.value), 'value')})"
+        return repr(ast.unparse(node))
 
     def _evaluate(self, node: ast.AST, table: Any, arrow: Any) -> Any:
         compute = arrow.compute
@@ -90,18 +110,30 @@ class Predicate:
             return [element.value for element in node.elts if isinstance(element, ast.Constant)]
         if isinstance(node, ast.BoolOp):
             combine = compute.and_kleene if isinstance(node.op, ast.And) else compute.or_kleene
-            result = self._evaluate(node.values[0], table, arrow)
+            result = self._truth(node.values[0], table, arrow)
             for value in node.values[1:]:
-                result = combine(result, self._evaluate(value, table, arrow))
+                result = combine(result, self._truth(value, table, arrow))
             return result
         if isinstance(node, ast.UnaryOp):
-            return compute.invert(self._evaluate(node.operand, table, arrow))
+            return compute.invert(self._truth(node.operand, table, arrow))
         if not isinstance(node, ast.Compare):  # never: _names let nothing else through
             raise ConfigError(f"where {self.text!r}: cannot evaluate {ast.unparse(node)!r}")
         left = self._evaluate(node.left, table, arrow)
         right = self._evaluate(node.comparators[0], table, arrow)
         operator = type(node.ops[0])
-        if operator in (ast.In, ast.NotIn):
-            found = compute.is_in(left, value_set=arrow.array(right))
-            return found if operator is ast.In else compute.invert(found)
-        return getattr(compute, _COMPARE[operator])(left, right)
+        try:
+            if operator in (ast.In, ast.NotIn):
+                found = compute.is_in(left, value_set=arrow.array(right))
+                return found if operator is ast.In else compute.invert(found)
+            return getattr(compute, _COMPARE[operator])(left, right)
+        except (arrow.ArrowInvalid, arrow.ArrowNotImplementedError, arrow.ArrowTypeError):
+            raise ConfigError(
+                f"where {self.text!r}: cannot compare {self._describe(node.left, left)} with "
+                f"{self._operand(node.comparators[0], right)}; compare a field with a value of "
+                "its type (a number field with a number: aesthetic > 5, not aesthetic > '5')"
+            ) from None
+
+    def _operand(self, node: ast.AST, value: Any) -> str:
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return f"the list {ast.unparse(node)}"
+        return self._describe(node, value)

@@ -3,7 +3,7 @@
 Indexing other tools' shards (:func:`index_shards`), views and merges live in
 :mod:`shardstream.catalog` and are re-exported here.
 
-Example:
+Examples:
     >>> from shardstream.shardwriter import build_shards
     >>> manifest = build_shards("data/train", "shards/train", workers=4)  # doctest: +SKIP
 """

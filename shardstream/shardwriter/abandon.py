@@ -56,7 +56,7 @@ def abandon_append(
         ConfigError: ``dest`` holds an unfinished build (not an append).
         DatasetExistsError: An append or build into ``dest`` is running (local disk).
 
-    Example:
+    Examples:
         >>> abandon_append("shards/crawl")  # doctest: +SKIP
         ['_shardstream_build/', 'shard-000042.tar', 'shard-000042.tar.idx']
     """

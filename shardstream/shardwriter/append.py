@@ -73,7 +73,7 @@ def append_source(
         SourceError: The samples do not match the dataset's (names the first mismatch).
         DatasetExistsError: Another append or build is under way, or won the race.
 
-    Example:
+    Examples:
         >>> append_source("crawl/day2", Store("shards/train"), BuildOptions(append=True),
         ...               None, None).version  # doctest: +SKIP
         2

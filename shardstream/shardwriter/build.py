@@ -68,12 +68,13 @@ def build_shards(
         The manifest of the finished dataset.
 
     Raises:
-        SourceError: An unreadable/corrupt file (``on_error="raise"``), a bad or empty source.
+        SourceError: An unreadable file or an image that fails the signature/end-marker
+            check (``on_error="raise"``), a bad or empty source.
         DuplicateKeyError: Two samples share a key.
         DatasetExistsError: DEST holds something else and ``overwrite`` is false; with
             ``append``, another append into DEST won the race.
 
-    Example:
+    Examples:
         >>> manifest = build_shards("data/train", "shards/train", max_samples_per_shard=5000,
         ...                         workers=4)  # doctest: +SKIP
         >>> manifest.num_samples, len(manifest.shards)  # doctest: +SKIP

@@ -75,7 +75,7 @@ def compact_dataset(
         ConfigError: A view, or a dataset whose shards or indexes are stored elsewhere.
         DatasetExistsError: A build or append into it is unfinished or running.
 
-    Example:
+    Examples:
         >>> compact_dataset("shards/train").exclusions is None  # doctest: +SKIP
         True
     """

@@ -36,13 +36,17 @@ class BuildOptions:
             exactly N pixels, aspect kept) or ``"WxH"`` (a fixed box, aspect not kept), e.g.
             ``"short=256"``; readers then skip the decode (images only, from file sources).
             Excludes ``resize`` and ``quality``. ``None`` stores encoded images.
-        on_error: ``"raise"`` stops at the first unreadable or corrupt item; ``"skip"`` leaves
-            it out, logs it and lists it in ``manifest.skipped``.
+        on_error: ``"raise"`` stops at the first unreadable item or image that fails the
+            build's check; ``"skip"`` leaves it out, logs it and lists it in
+            ``manifest.skipped``. Passed-through images are checked by signature and end
+            marker (JPEG, PNG) or header (others), not decoded: damage inside an image's data
+            is found by ``shardstream verify --decode`` (re-encoding with ``resize``,
+            ``quality`` or ``pixels`` decodes every image, so it finds it too).
         overwrite: Replace a different dataset or unfinished build already in DEST.
         append: Add the source's samples to the dataset in DEST as new shards after its
             shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
 
-    Example:
+    Examples:
         >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes
         True
     """
@@ -54,10 +58,10 @@ class BuildOptions:
     shuffle: bool = True
     resize: int | None = None
     quality: int | None = None
-    pixels: str | PixelSize | None = None
     on_error: str = "raise"
     overwrite: bool = False
     append: bool = False
+    pixels: str | None = None  # last: positional arguments keep their places
 
     def __post_init__(self) -> None:
         if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
@@ -74,11 +78,8 @@ class BuildOptions:
             raise ConfigError(f"resize (shorter side in pixels) must be >= 1, got {self.resize}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be between 1 and 100, got {self.quality}")
-        if self.pixels is not None:
-            size = self.pixels
-            if not isinstance(size, PixelSize):
-                size = PixelSize.parse(str(size))
-            object.__setattr__(self, "pixels", str(size))  # one spelling, in the manifest too
+        if self.pixels is not None:  # one spelling, in the manifest too
+            object.__setattr__(self, "pixels", str(PixelSize.parse(str(self.pixels))))
             if self.resize is not None or self.quality is not None:
                 raise ConfigError(
                     "pixels stores decoded pixels; resize and quality re-encode JPEG: pass "
@@ -93,11 +94,6 @@ class BuildOptions:
     def reencodes(self) -> bool:
         """True when images are decoded and written again (as JPEG, or as pixels)."""
         return self.resize is not None or self.quality is not None or self.pixels is not None
-
-    @property
-    def pixel_size(self) -> PixelSize | None:
-        """The parsed ``pixels`` size, or None when images stay encoded."""
-        return None if self.pixels is None else PixelSize.parse(str(self.pixels))
 
     def output_settings(self) -> dict[str, Any]:
         """The settings that determine the output bytes (recorded in the manifest)."""

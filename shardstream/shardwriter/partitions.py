@@ -44,7 +44,7 @@ def write_partition(
     Returns:
         The partition's own manifest.
 
-    Example:
+    Examples:
         >>> def task(rows, partition):  # doctest: +SKIP
         ...     samples = ({"__key__": r["id"], "jpg": r["image"], "cls": r["label"]} for r in rows)
         ...     write_partition(samples, "s3://bucket/train", partition, workers=1)

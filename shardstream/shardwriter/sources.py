@@ -145,7 +145,7 @@ def scan_image_folder(
             image link under ``on_error="raise"``.
         DuplicateKeyError: Two files of one folder give the same key (``a.jpg`` and ``a.png``).
 
-    Example:
+    Examples:
         >>> source = scan_image_folder("data/train")  # doctest: +SKIP
         >>> len(source.table), source.class_names[:2]  # doctest: +SKIP
         (1281167, ('n01440764', 'n01443537'))

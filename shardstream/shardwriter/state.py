@@ -105,6 +105,13 @@ def prepare_destination(
                 "samples to it, or overwrite=True (--overwrite) to replace it."
             )
     plan = read_plan(state)
+    if plan is not None and _skips_now(plan, settings) and not overwrite:
+        # A build stopped by a broken item goes on skipping such items: the shards written
+        # so far hold no skipped item either way, so the output is what a skipping build makes.
+        logger.info("%s: finishing the build with on_error='skip'", dest.shown())
+        with state.open_atomic_write(PLAN_NAME) as stream:
+            stream.write(json.dumps(settings, sort_keys=True).encode("utf-8"))
+        plan = dict(settings)
     if plan is not None and _comparable(plan) != _comparable(settings) and not overwrite:
         raise DatasetExistsError(
             f"{dest.shown()}: holds an unfinished build with other settings or another source "
@@ -122,6 +129,13 @@ def prepare_destination(
         with state.open_atomic_write(PLAN_NAME) as stream:
             stream.write(json.dumps(settings, sort_keys=True).encode("utf-8"))
     return None
+
+
+def _skips_now(plan: dict, settings: dict) -> bool:
+    """Whether the only difference is ``on_error``: ``"raise"`` in the plan, ``"skip"`` now."""
+    if plan.get("on_error") != "raise" or settings.get("on_error") != "skip":
+        return False
+    return _comparable({**plan, "on_error": "skip"}) == _comparable(settings)
 
 
 def _read_existing(dest: Store) -> Manifest | None:

@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
 from shardstream.format.manifest import ShardInfo, SkippedSample
-from shardstream.format.pixels import PIXELS_EXTENSION, encode_pixels, pixel_shape
+from shardstream.format.pixels import PIXELS_EXTENSION, PixelSize, encode_pixels, pixel_shape
+from shardstream.format.scan import without_skip_hint
 from shardstream.format.shardindex import encode_offsets, index_name
 from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.format.tarwriter import TarShardWriter
@@ -134,8 +135,9 @@ def _encoded_samples(
             error = error if isinstance(error, SourceError) else _read_error(path, error)
             if options.on_error != "skip":
                 raise error from None
-            logger.warning("skipping %s", error)
-            skipped.append(SkippedSample(path, str(error)))
+            reason = without_skip_hint(str(error))  # it is skipping already
+            logger.warning("skipping %s", reason)
+            skipped.append(SkippedSample(path, reason))
             continue
         source_bytes[0] += int(table.sizes[index])
         yield table.key(index), members, path
@@ -145,9 +147,8 @@ def _file_members(table: FileTable, index: int, path: str, options: BuildOptions
     with open(path, "rb", buffering=0) as stream:
         data = stream.readall()
     extension = normalized_extension(path)
-    pixel_size = options.pixel_size
-    if pixel_size is not None:
-        data = encode_pixels(decode_pixels(data, pixel_size, path))
+    if options.pixels is not None:
+        data = encode_pixels(decode_pixels(data, PixelSize.parse(options.pixels), path))
         extension = PIXELS_EXTENSION
     elif options.reencodes:
         data = reencode_jpeg(data, options.resize, options.quality, path)

@@ -11,7 +11,7 @@ __all__ = ["BoundedFile"]
 class BoundedFile:
     """A seekable file that reads as if it ended at ``end`` (ranged reads of local files).
 
-    Example:
+    Examples:
         >>> import io
         >>> stream = io.BytesIO(b"abcdef")
         >>> _ = stream.seek(1)

@@ -39,7 +39,7 @@ def explain(error: BaseException, detail: bool = True) -> str | None:
 
     ``detail=False`` leaves out the underlying message (for an error that already shows it).
 
-    Example:
+    Examples:
         >>> explain(OSError(errno.EROFS, "Read-only file system", "/data/x.tar"))
         "'/data/x.tar' is on a read-only file system: write to another folder"
     """

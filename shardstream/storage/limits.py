@@ -34,7 +34,7 @@ def open_file_limit() -> int:
 def file_budget(share: float, cap: int) -> int:
     """A ``share`` of the open files left after a reserve, at most ``cap`` (at least 0).
 
-    Example:
+    Examples:
         >>> 0 <= file_budget(0.5, 4096) <= 4096
         True
     """
@@ -44,7 +44,7 @@ def file_budget(share: float, cap: int) -> int:
 def too_many_open_files(error: OSError, path: str) -> OSError:
     """``error`` itself, or, when it is the open-file limit, a StorageError that says so.
 
-    Example:
+    Examples:
         >>> print(too_many_open_files(OSError(errno.EMFILE, "Too many open files"), "a.tar"))
         ... # doctest: +ELLIPSIS
         [Errno 24] a.tar: this process may open only ... files (ulimit -n) ...

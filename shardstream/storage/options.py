@@ -41,7 +41,7 @@ class ReadOptions:
         cache_dir: Local folder that keeps whole remote shards for later epochs, or ``None``.
         cache_max_bytes: Size limit of ``cache_dir``; least recently used shards are evicted.
 
-    Example:
+    Examples:
         >>> ReadOptions(max_attempts=4, cache_dir="/local/ssd/cache").max_attempts
         4
     """

@@ -27,7 +27,7 @@ def has_glob(url: str) -> bool:
 
     HTTP(S) URLs never do: there ``?`` starts a query (a signed URL's, for example).
 
-    Example:
+    Examples:
         >>> has_glob("ds/*.tar"), has_glob("https://host/a.tar?X-Amz-Signature=1")
         (True, False)
     """
@@ -41,7 +41,7 @@ def expand_glob(pattern: str, storage_options: StorageOptions = None) -> list[st
 
     Local matches are absolute paths; remote ones full URLs (``s3://bucket/key``).
 
-    Example:
+    Examples:
         >>> expand_glob("shards/train-*.tar")  # doctest: +SKIP
         ['/data/shards/train-000000.tar', '/data/shards/train-000001.tar']
     """
@@ -57,7 +57,7 @@ def expand_glob(pattern: str, storage_options: StorageOptions = None) -> list[st
 def resolve_entry(entry: str, list_url: str) -> str:
     """A ``.txt`` list's entry as a URL: a relative entry is relative to the list's folder.
 
-    Example:
+    Examples:
         >>> resolve_entry("shards/a.tar", "s3://b/lists/train.txt")
         's3://b/lists/shards/a.tar'
         >>> resolve_entry("../a.tar", "/data/lists/train.txt")
@@ -79,7 +79,7 @@ def missing_local_files(paths: Sequence[str]) -> list[str]:
 
     A folder holding many of them is listed once; a few are checked one by one.
 
-    Example:
+    Examples:
         >>> missing_local_files(["/etc/hostname", "/no/such.tar"])  # doctest: +SKIP
         ['/no/such.tar']
     """

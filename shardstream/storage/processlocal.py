@@ -42,7 +42,7 @@ class ProcessLock:
     copy stays locked forever: its first ``with`` hangs. Guard anything a background thread
     may hold while a DataLoader forks its workers with this instead.
 
-    Example:
+    Examples:
         >>> lock = ProcessLock()
         >>> with lock:
         ...     pass
@@ -66,7 +66,7 @@ class ProcessLocal(Generic[T]):
     An attribute of an object that is pickled to another process (a spawned DataLoader worker)
     travels as ``make`` alone: the other process makes its own value.
 
-    Example:
+    Examples:
         >>> counters = ProcessLocal(list)
         >>> counters.get().append(1); counters.get()
         [1]

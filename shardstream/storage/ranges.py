@@ -47,7 +47,7 @@ class Ranges:
         announces: Whether :meth:`announce` does anything (ranges fetched ahead); a reader
             may skip working out what to announce when it does not.
 
-    Example:
+    Examples:
         >>> ranges = Store("s3://bucket/train").ranges()  # doctest: +SKIP
         >>> with ranges.lend("shard-000000.tar", 1024, 4096) as stream:  # doctest: +SKIP
         ...     data = stream.read()

@@ -37,7 +37,7 @@ class Store:
         storage_options: fsspec options (credentials, ``endpoint_url``...).
         read_options: Retries, read-ahead and cache for reads of remote objects.
 
-    Example:
+    Examples:
         >>> store = Store("s3://bucket/train", {"endpoint_url": "http://127.0.0.1:9000"})
         >>> store.url("manifest.json")
         's3://bucket/train/manifest.json'
@@ -187,7 +187,7 @@ class Store:
             PermissionError: Access was denied (not retried).
             StorageError: Storage kept failing after ``read_options.max_attempts`` tries.
 
-        Example:
+        Examples:
             >>> store = Store("shards/train")
             >>> with store.open_read("shard-000000.tar", 1024) as f:  # doctest: +SKIP
             ...     header = f.read(512)
@@ -213,7 +213,7 @@ class Store:
             max_idle: Local files: idle handles kept open between ranges.
             max_map_bytes: Local files: bytes kept mapped whole until closed.
 
-        Example:
+        Examples:
             >>> ranges = Store("shards/train").ranges()  # doctest: +SKIP
             >>> view = ranges.view("shard-000000.tar", 0, 512)  # doctest: +SKIP
             >>> ranges.close()  # doctest: +SKIP
@@ -272,7 +272,7 @@ class Store:
         upload of ``part_size_bytes`` parts that becomes visible only when it completes (and is
         aborted if the block raises). See the backend's ``atomic_write``.
 
-        Example:
+        Examples:
             >>> with Store("/tmp/out").open_atomic_write("data.bin") as f:  # doctest: +SKIP
             ...     f.write(b"...")
         """
@@ -288,7 +288,7 @@ class Store:
         Two writers never both succeed locally or on S3 servers with conditional writes
         (``If-None-Match: *``). See the backend's ``create_exclusive``.
 
-        Example:
+        Examples:
             >>> Store("/tmp/out").create_exclusive("claim.json", b"{}")  # doctest: +SKIP
             True
         """

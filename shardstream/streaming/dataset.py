@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch.utils.data
@@ -20,7 +20,13 @@ from shardstream.streaming.control.versionset import VersionSet, open_version
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode
 from shardstream.streaming.mixture import Mixture, Stream
-from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.options import (
+    DecodeMode,
+    OnError,
+    Policy,
+    StreamOptions,
+    with_storage_options,
+)
 from shardstream.streaming.planning.schedule import PassPlan
 from shardstream.streaming.planning.split import Layout
 from shardstream.streaming.settings import Settings
@@ -73,6 +79,8 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             None reads the newest published when the dataset is made. A resumed epoch reads
             the version it began with either way (see
             :mod:`shardstream.streaming.control.versionset`).
+        storage_options: Credentials and settings of a remote store (as for
+            :func:`~shardstream.build_shards`); the same as ``StreamOptions(storage_options=...)``.
 
     Epochs: each new pass over the dataset moves to the next epoch by itself (new shard order
     and shuffles), whatever loader runs it and whether its workers persist; ``set_epoch(n)``
@@ -88,7 +96,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     ``refresh_version`` or ``StreamOptions(follow_versions=True)`` move every rank to the
     newest between epochs (see :mod:`shardstream.streaming.control.agreement`).
 
-    Example:
+    Examples:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP
         >>> loader = StreamingDataLoader(ds, num_workers=8, pin_memory=True)  # doctest: +SKIP
         >>> for epoch in range(90):  # doctest: +SKIP
@@ -101,16 +109,17 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         *,
         shuffle: bool = True,
         seed: int = 0,
-        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        decode: DecodeMode | str | GpuDecode | Callable[[bytes, str], Any] = "rgb8",
         transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
-        policy: str = "pad",
-        on_error: str = "raise",
+        policy: Policy = "pad",
+        on_error: OnError = "raise",
         options: StreamOptions | None = None,
         epoch_size: int | None = None,
         version: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        options = options or StreamOptions()
+        options = with_storage_options(options, storage_options)
         settings = Settings(seed, shuffle, policy, batch_size, on_error, epoch_size, options)
         opened = open_version(source, settings, version)
         if policy == "mask" and not opened.shards.counted:
@@ -134,9 +143,29 @@ class StreamingDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         return run_pass(self.control.next_job(self.convert, self.stats_board))
 
+    def __repr__(self) -> str:
+        settings = self.settings
+        where = ", ".join(repr(source.shards.shown()) for source in self.shards.sources)
+        samples = f"{self.shards.total_samples()} samples" if self.counted else "uncounted"
+        version = "" if self.version is None else f", version={self.version}"
+        return (
+            f"StreamingDataset({where}, {samples} in {len(self.shards)} shards{version}, "
+            f"shuffle={settings.shuffle}, seed={settings.seed}, "
+            f"batch_size={settings.batch_size}, policy={settings.policy!r}, "
+            f"decode={self.convert.decode!r}, epoch={self.epoch})"
+        )
+
     def __len__(self) -> int:
         """Batches per rank per epoch when ``batch_size`` is set, else samples per rank."""
         return self.control.epoch_steps()
+
+    def __getitem__(self, index: Any) -> Any:
+        """Refused with a pointer: a stream has no ``ds[i]`` (torch's message names none)."""
+        raise TypeError(
+            f"StreamingDataset streams samples in epochs and has no ds[{index!r}]; iterate it "
+            "(or a StreamingDataLoader over it), or open the same source with "
+            "RandomAccessDataset(source) for ds[i] and ds.by_key(key)"
+        )
 
     # -- what was opened ----------------------------------------------------------------------
 
@@ -213,7 +242,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
             ConfigError: The dataset was made with ``version=N``, or with ranks given
                 explicitly, or rank 0's version cannot be read on every rank (names both).
 
-        Example:
+        Examples:
             >>> ds.refresh_version()  # doctest: +SKIP
             3
         """

@@ -24,7 +24,7 @@ class LoaderPositionCheck(pl.Callback):
     compared where its pass started, with ``trainer.current_epoch`` and the batch index. It
     compares a few integers once per fit.
 
-    Example:
+    Examples:
         >>> trainer = L.Trainer(callbacks=[LoaderPositionCheck()])  # doctest: +SKIP
         >>> trainer.fit(model, ckpt_path="last.ckpt")  # doctest: +SKIP
     """

@@ -36,7 +36,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             ``batch_size=None``).
         **kwargs: DataLoader arguments (``num_workers``, ``pin_memory``, ``persistent_workers``).
 
-    Example:
+    Examples:
         >>> loader = StreamingDataLoader(ds, num_workers=8)  # doctest: +SKIP
         >>> torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, path)
         >>> # after a restart, at any world size; plain data, so weights_only=True loads it
@@ -57,6 +57,12 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         self._stats = None
         if dataset.stats_board is not None:
             self._stats = LoaderStats(dataset, dataset.options.stats_interval_s)
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingDataLoader({self.dataset!r}, num_workers={self.num_workers}, "
+            f"persistent_workers={self.persistent_workers}, pin_memory={self.pin_memory})"
+        )
 
     def __len__(self) -> int:
         """Batches of this epoch on this rank: those consumed in earlier passes plus this pass's.
@@ -99,7 +105,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         After ``load_state_dict`` it is the restored place; check it against the trainer's
         step with :func:`~shardstream.streaming.resumecheck.check_position`.
 
-        Example:
+        Examples:
             >>> loader.position()  # doctest: +SKIP
             Position(epoch=1, epoch_batches=2, global_batches=9, epoch_length=7)
         """

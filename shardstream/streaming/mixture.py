@@ -39,7 +39,7 @@ class Stream:
         version: Pin this version of a dataset that grows (None: the newest when the mixture
             is made).
 
-    Example:
+    Examples:
         >>> Stream("s3://bucket/web", proportion=0.7).proportion
         0.7
     """

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
+from shardstream.errors import ConfigError
 from shardstream.format.tarreader import DEFAULT_MAX_MEMBER_BYTES
 from shardstream.storage import ReadOptions
 
-__all__ = ["StreamOptions"]
+__all__ = ["DecodeMode", "OnError", "Output", "Policy", "StreamOptions", "with_storage_options"]
+
+#: What ``decode=`` names: encoded bytes, a PIL image, a uint8 CHW tensor, or the GPU's decode
+#: (``"cuda:N"`` for device N); a callable ``f(bytes, extension)`` is taken too.
+DecodeMode = Literal["raw", "pil", "rgb8", "cuda"]
+#: How epochs are evened across ranks (see ``StreamingDataset``).
+Policy = Literal["pad", "drop", "mask"]
+#: What a corrupt sample or truncated shard does.
+OnError = Literal["raise", "skip"]
+#: What a sample is: ``(image, label)`` or a dict of every field.
+Output = Literal["pair", "dict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +84,7 @@ class StreamOptions:
             and a resumed one, keep the version they began with. Off: the dataset reads the
             version it opened until it is made again (or ``refresh_version`` is called).
 
-    Example:
+    Examples:
         >>> StreamOptions(num_open=32).num_open
         32
     """
@@ -87,7 +98,7 @@ class StreamOptions:
     canonical_workers: int | None = None
     rank: int | None = None
     world_size: int | None = None
-    output: str = "pair"
+    output: Output = "pair"
     allow_pickle: bool = False
     max_member_bytes: int = DEFAULT_MAX_MEMBER_BYTES
     memory_map: bool = True
@@ -97,3 +108,25 @@ class StreamOptions:
     stats: bool = False
     stats_interval_s: float | None = None
     follow_versions: bool = False
+
+
+def with_storage_options(
+    options: StreamOptions | None, storage_options: Mapping[str, Any] | None
+) -> StreamOptions:
+    """``options`` with ``storage_options`` given as a plain keyword argument folded in.
+
+    Raises:
+        ConfigError: Both name storage options, and they differ.
+    """
+    options = options or StreamOptions()
+    if storage_options is None:
+        return options
+    if options.storage_options is not None and dict(options.storage_options) != dict(
+        storage_options
+    ):
+        raise ConfigError(
+            "storage_options was given twice, as an argument and in StreamOptions, with "
+            "different values: pass it once"
+        )
+    return dataclasses.replace(options, storage_options=dict(storage_options))
+

@@ -13,7 +13,7 @@ counts every sample exactly once (:class:`EvaluationPart`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -26,7 +26,7 @@ from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming.control.context import current_context
 from shardstream.streaming.decoding.decode import SampleConverter
 from shardstream.streaming.decoding.gpudecode import GpuDecode
-from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.options import DecodeMode, StreamOptions, with_storage_options
 from shardstream.streaming.worker.reader import ReadSettings, ShardReader
 
 __all__ = ["EvaluationPart", "RandomAccessDataset"]
@@ -44,8 +44,10 @@ class RandomAccessDataset(torch.utils.data.Dataset):
             ``storage_options``/``read_options`` for remote datasets.
         version: Read this version of a dataset that grew (None: the newest); positions
             ``0 .. len-1`` of a version never change as the dataset grows.
+        storage_options: Credentials and settings of a remote store; the same as
+            ``StreamOptions(storage_options=...)``.
 
-    Example:
+    Examples:
         >>> ds = RandomAccessDataset("s3://bucket/val", decode="pil",
         ...                          options=StreamOptions(output="dict"))  # doctest: +SKIP
         >>> ds[12345]["__key__"], ds.by_key("n01440764_10026")["label"]  # doctest: +SKIP
@@ -55,12 +57,13 @@ class RandomAccessDataset(torch.utils.data.Dataset):
         self,
         source: Source,
         *,
-        decode: str | Callable[[bytes, str], Any] = "rgb8",
+        decode: DecodeMode | str | Callable[[bytes, str], Any] = "rgb8",
         transform: Callable[[Any], Any] | None = None,
         options: StreamOptions | None = None,
         version: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self.options = options or StreamOptions()
+        self.options = with_storage_options(options, storage_options)
         if isinstance(decode, GpuDecode) or (isinstance(decode, str) and decode.startswith("cuda")):
             raise ConfigError(
                 f"RandomAccessDataset decodes where it is indexed (often in DataLoader workers, "
@@ -87,6 +90,14 @@ class RandomAccessDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return int(self._starts[-1])
+
+    def __repr__(self) -> str:
+        where = ", ".join(repr(source.shards.shown()) for source in self.shards.sources)
+        version = "" if self.version is None else f", version={self.version}"
+        return (
+            f"RandomAccessDataset({where}, {len(self)} samples in {len(self.shards)} shards"
+            f"{version}, decode={self.convert.decode!r})"
+        )
 
     def reader(self) -> ShardReader:
         """This process's shard reader (DataLoader workers each make their own)."""
@@ -154,7 +165,7 @@ class RandomAccessDataset(torch.utils.data.Dataset):
                 ``torch.distributed``).
             world_size: Number of ranks.
 
-        Example:
+        Examples:
             >>> part = ds.evaluation_part()  # doctest: +SKIP
             >>> for images, labels, valid in DataLoader(part, batch_size=64): ...  # doctest: +SKIP
         """
@@ -200,7 +211,7 @@ class EvaluationPart(torch.utils.data.Dataset):
         rank: This rank.
         world_size: Number of ranks.
 
-    Example:
+    Examples:
         >>> part = EvaluationPart(ds, rank=1, world_size=4)  # doctest: +SKIP
         >>> image, label, valid = part[0]  # doctest: +SKIP
     """

@@ -81,7 +81,7 @@ class ResumeAudit:
         directory: A folder shared by the ranks (one file per rank and run).
         rank: This rank (default: ``torch.distributed``'s, else 0).
 
-    Example:
+    Examples:
         >>> audit = ResumeAudit("checkpoints/audit")  # doctest: +SKIP
         >>> for batch in loader:  # doctest: +SKIP
         ...     audit.record(step, batch, epoch)  # dict batches: their __key__ (and __valid__)

@@ -40,7 +40,7 @@ def check_position(loader: Any, step: int, grad_accumulation: int = 1) -> Positi
     Raises:
         ResumeError: The loader is elsewhere; the message names both positions.
 
-    Example:
+    Examples:
         >>> loader.load_state_dict(checkpoint["loader"])  # doctest: +SKIP
         >>> check_position(loader, checkpoint["step"], grad_accumulation=4)  # doctest: +SKIP
     """

@@ -182,3 +182,21 @@ def test_a_glob_is_expanded_sorted_and_one_that_matches_nothing_shows_the_brace_
     assert shards.names() == NAMES
     with pytest.raises(ConfigError, match=r"matches no .tar.*brace pattern such as"):
         StreamingDataset(f"{root}/train-*.tar")
+
+
+def test_a_manifest_copied_from_another_dataset_is_refused_at_open(
+    tmp_path: pathlib.Path,
+) -> None:
+    from shardstream.errors import ManifestError
+
+    build_shards(make_samples(30), tmp_path / "a", max_samples_per_shard=10)
+    build_shards(make_samples(24), tmp_path / "b", max_samples_per_shard=8)
+    (tmp_path / "b" / "manifest.json").write_bytes((tmp_path / "a" / "manifest.json").read_bytes())
+    with pytest.raises(ManifestError, match=r"describes other shards than these: 3 of 3 checked "
+                       r"differ in size, such as .*shard-000000\.tar \(\d+ bytes, the manifest "
+                       r"says \d+\); was it copied from another dataset"):  # fmt: skip
+        StreamingDataset(tmp_path / "b", decode="raw")
+    one = tmp_path / "a" / "shard-000001.tar"  # one truncated shard is the reader's to report
+    one.write_bytes(one.read_bytes()[:5000])
+    skipping = StreamingDataset(tmp_path / "a", decode="raw", on_error="skip")
+    assert 20 <= sum(sample is not None for sample in skipping) < 30

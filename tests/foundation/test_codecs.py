@@ -52,3 +52,13 @@ def test_wrong_value_type_is_a_source_error() -> None:
 def test_extension_helpers() -> None:
     assert extension_of("seg.PNG") == "png"
     assert is_image("JPEG") and is_image("left.jpg") and not is_image("cls")
+
+
+def test_gzipped_members_decode_by_their_inner_extension_as_webdataset_does() -> None:
+    import gzip
+
+    assert decode_member("txt.gz", gzip.compress("héllo".encode())) == "héllo"
+    assert decode_member("json.gz", gzip.compress(b'{"a": 1}')) == {"a": 1}
+    assert decode_member("bin.gz", gzip.compress(b"\0\1")) == b"\0\1"
+    with pytest.raises(DecodeError, match=r"k\.txt\.gz.*'txt\.gz' \(5 bytes\) is not valid gzip"):
+        decode_member("txt.gz", b"plain", "k.txt.gz")

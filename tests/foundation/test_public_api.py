@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import pathlib
 import subprocess
 import sys
 
@@ -73,3 +76,73 @@ def test_storage_modules_form_no_import_cycle() -> None:
 
 
 _STORAGE_LIBS = {"fsspec", "s3fs", "botocore", "aiobotocore", "boto3"}
+
+
+SNAPSHOT = pathlib.Path(__file__).with_name("public_api.txt")
+
+
+def describe_public_api() -> str:
+    """Every public name with its signature; a class also with its public members'.
+
+    The text is compared with ``public_api.txt``: an API change shows there as a diff. To accept a
+    deliberate change (with its CHANGELOG line): ``python -m tests.foundation.test_public_api``.
+    """
+    lines = []
+    for name in shardstream.__all__:
+        value = getattr(shardstream, name)
+        if name == "__version__":
+            continue
+        if not inspect.isclass(value):
+            lines.append(f"{name}{_signature(value)}")
+            continue
+        lines.append(f"class {name}{_signature(value)}")
+        for member, attribute in sorted(vars(value).items()):
+            if member.startswith("_") or issubclass(value, BaseException):
+                continue
+            if isinstance(attribute, property):
+                lines.append(f"    {name}.{member}: property")
+            elif isinstance(attribute, (staticmethod, classmethod)) or inspect.isfunction(
+                attribute
+            ):
+                lines.append(f"    {name}.{member}{_signature(getattr(value, member))}")
+            elif dataclasses.is_dataclass(value) and member in {
+                field.name for field in dataclasses.fields(value)
+            }:
+                continue  # a dataclass field's default: the signature above shows it
+            else:
+                lines.append(f"    {name}.{member}: {type(attribute).__name__}")
+    return "\n".join(lines) + "\n"
+
+
+def _signature(value: object) -> str:
+    try:
+        return str(inspect.signature(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def test_the_public_api_matches_its_snapshot() -> None:
+    assert describe_public_api() == SNAPSHOT.read_text(), (
+        "the public API changed: if that is deliberate, run "
+        "`python -m tests.foundation.test_public_api` and add a CHANGELOG line"
+    )
+
+
+def test_dir_lists_every_public_name() -> None:
+    assert set(shardstream.__all__) <= set(dir(shardstream))
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    docs = pathlib.Path(__file__).parents[2] / "docs" / "api"
+    documented = {
+        line.removeprefix("::: shardstream.").strip()
+        for page in docs.glob("*.md")
+        for line in page.read_text().splitlines()
+        if line.startswith("::: shardstream.")
+    }
+    assert set(shardstream.__all__) - {"__version__"} == documented
+
+
+if __name__ == "__main__":
+    SNAPSHOT.write_text(describe_public_api())
+    print(f"wrote {SNAPSHOT}")

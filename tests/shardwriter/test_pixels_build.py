@@ -90,8 +90,8 @@ def test_the_npy_header_is_numpys_and_fixed() -> None:
 
 def test_sizes_parse_once_and_bad_ones_say_the_forms() -> None:
     assert BuildOptions(pixels="SHORT=256").pixels == "short=256"
-    assert BuildOptions(pixels=PixelSize(box=(320, 240))).pixels == "320x240"
-    assert BuildOptions(pixels="box=32x24").pixel_size == PixelSize(box=(32, 24))
+    assert BuildOptions(pixels="box=320x240").pixels == "320x240"
+    assert PixelSize.parse(str(BuildOptions(pixels="32x24").pixels)) == PixelSize(box=(32, 24))
     for bad in ["256", "short=0", "0x10", "short=256px"]:
         with pytest.raises(ConfigError, match=r"short=N|>= 1"):
             BuildOptions(pixels=bad)

@@ -156,3 +156,10 @@ def test_workers_put_what_they_inherit_out_of_the_collectors_reach(
         assert len(counts) == 24 and all(count > 0 for count in counts)
     assert list(DataLoader(ds, batch_size=None, num_workers=0))  # no workers: not frozen
     assert gc.get_freeze_count() == before
+
+
+def test_indexing_a_stream_points_to_random_access(tmp_path: pathlib.Path) -> None:
+    root, _ = make_dataset(tmp_path, 6, 3)
+    with pytest.raises(TypeError, match=r"has no ds\[0\].*RandomAccessDataset\(source\)"):
+        StreamingDataset(root)[0]
+    assert len(list(StreamingDataLoader(StreamingDataset(root, batch_size=2), num_workers=2))) == 3

@@ -44,7 +44,7 @@ def protocol_of(url: str | os.PathLike[str]) -> str:
 def backend_for(url: str | os.PathLike[str]) -> Backend:
     """The backend of ``url``'s store (made once per process and protocol).
 
-    Example:
+    Examples:
         >>> backend_for("s3://bucket/train").name
         's3'
         >>> backend_for("/data/train").name

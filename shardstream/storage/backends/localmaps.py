@@ -158,7 +158,7 @@ class FileMaps:
         max_bytes: Bytes of files kept mapped; a file larger than this is never mapped whole
             (map its pieces one by one instead).
 
-    Example:
+    Examples:
         >>> maps = FileMaps(1 << 30)
         >>> maps.get("shard-000000.tar") is None
         True
@@ -232,7 +232,7 @@ class WindowMaps:
         stop: One past the last range that will be asked for.
         window: Most bytes mapped at once.
 
-    Example:
+    Examples:
         >>> with open("shard-000000.tar", "rb") as stream:  # doctest: +SKIP
         ...     view = WindowMaps(stream, offsets, 8).view(3)  # bytes of range 3, or None
     """

@@ -32,7 +32,7 @@ def read_ranges(
 
     Local files are read in this thread (there is no latency to hide); remote objects together.
 
-    Example:
+    Examples:
         >>> read_ranges(Store("shards/train"), [("shard-000000.idx", None)])  # doctest: +SKIP
     """
 

@@ -23,7 +23,7 @@ _SLICE_BYTES = 2**20
 class ReceiveBuffers:
     """A per-process pool of large ``bytearray`` s, at most ``max_bytes`` kept at once.
 
-    Example:
+    Examples:
         >>> pool = ReceiveBuffers(max_bytes=8 * 2**20)
         >>> buffer = pool.take(3 * 2**20)
         >>> len(buffer) >= 3 * 2**20

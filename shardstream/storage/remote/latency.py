@@ -33,7 +33,7 @@ _MAX_RATIO = 1000.0
 class LatencyGauge:
     """Running mean of first-byte delay over transfer time, per GET, and what it asks for.
 
-    Example:
+    Examples:
         >>> gauge = LatencyGauge()
         >>> for _ in range(50):
         ...     gauge.record(first_byte_s=0.030, transfer_s=0.010)

@@ -52,7 +52,7 @@ def _slot(worker: int, num_workers: int) -> int:
 class EpochChannel:
     """Shared epoch state of one dataset object and all its DataLoader workers.
 
-    Example:
+    Examples:
         >>> channel = EpochChannel()
         >>> channel.take(worker=0, num_workers=1)
         (0, None)

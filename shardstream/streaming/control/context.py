@@ -45,7 +45,7 @@ def current_context(rank: int | None = None, world_size: int | None = None) -> C
     Raises:
         ConfigError: Only one of ``rank``/``world_size`` was given, or they are inconsistent.
 
-    Example:
+    Examples:
         >>> current_context(rank=1, world_size=4).rank
         1
     """
@@ -82,7 +82,7 @@ def gather_from_ranks(value: Any, explicit_ranks: bool = False) -> list[Any]:
     Raises:
         ConfigError: Called in a DataLoader worker while torch.distributed is initialized.
 
-    Example:
+    Examples:
         >>> gather_from_ranks(3)  # without torch.distributed
         [3]
     """

@@ -44,7 +44,7 @@ class Position:
             (its optimizer steps times the gradient accumulation).
         epoch_length: Batches of the epoch on this rank, or None when unknown (no manifest).
 
-    Example:
+    Examples:
         >>> str(Position(1, 2, 9, 7))
         'epoch 1, batch 2 of 7 (9 batches in all)'
     """

@@ -193,7 +193,7 @@ def encode_state(
     rank. A loader's state also records ``global_batches``, the batches the rank consumed in
     all epochs (what a trainer's step counts).
 
-    Example:
+    Examples:
         >>> state = encode_state(PassState(1), Layout(2, 4, 8), {"seed": 0})
         >>> decode_state(state).state.epoch, decode_state(state).layout
         (1, Layout(world_size=2, num_workers=4, batch_size=8))

@@ -112,7 +112,7 @@ def _decode_one(
             ours = isinstance(decode, (CropDecoder, CropDraw, KeepEncoded))
             return decode(data if ours else bytes(data), extension)
         if decode not in DECODE_MODES:
-            raise ConfigError(f"decode must be one of {DECODE_MODES} or a callable, got {decode!r}")
+            raise ConfigError(_unknown_mode(decode))
         if is_pixels(extension):
             return pixel_image(data, decode)
         return decode_image(data, extension, decode, min_side)
@@ -150,7 +150,7 @@ class SampleConverter:
         batched: Samples are collated afterwards: raw images may stay the reader's buffer (a
             ``memoryview``, packed without a copy); otherwise they are handed out as ``bytes``.
 
-    Example:
+    Examples:
         >>> convert = SampleConverter("raw")
         >>> convert({"__key__": "k", "jpg": b"...", "cls": b"3"})
         (b'...', 3)
@@ -166,6 +166,8 @@ class SampleConverter:
     ) -> None:
         if output not in ("pair", "dict"):
             raise ConfigError(f"output must be 'pair' or 'dict', got {output!r}")
+        if isinstance(decode, str) and decode not in DECODE_MODES:
+            raise ConfigError(_unknown_mode(decode))
         self.decode, self.transform = decode, transform
         self.output, self.allow_pickle, self.batched = output, allow_pickle, batched
         self._min_side = min_side_of(transform) if transform is not None else None
@@ -206,6 +208,14 @@ class SampleConverter:
             valid = fields.get("__valid__")  # policy="mask": a third item says whether it counts
             return (image, label) if valid is None else (image, label, valid)
         return {**fields, "image": image, "label": label}
+
+
+def _unknown_mode(decode: object) -> str:
+    choices = ", ".join(repr(mode) for mode in (*DECODE_MODES, "cuda", "cuda:N"))
+    return (
+        f"decode must be one of {choices}, a GpuDecode or a callable f(bytes, extension), "
+        f"got {decode!r}"
+    )
 
 
 def _is_device_decode(decode: Any) -> bool:

@@ -64,7 +64,7 @@ class GpuDecode:
         num_threads: Host threads the decoder may use (None: 2).
         transform: Set by the dataset: its transform.
 
-    Example:
+    Examples:
         >>> ds = StreamingDataset("shards/train", batch_size=256, transform=train_transform,
         ...                       decode="cuda")  # doctest: +SKIP
         >>> for images, labels in StreamingDataLoader(ds, num_workers=2):  # doctest: +SKIP

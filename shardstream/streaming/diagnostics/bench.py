@@ -19,7 +19,7 @@ from shardstream.errors import ConfigError
 from shardstream.streaming.dataset import StreamingDataset
 from shardstream.streaming.diagnostics.stats import bottleneck
 from shardstream.streaming.loader import StreamingDataLoader
-from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.options import OnError, StreamOptions
 
 __all__ = [
     "BenchOptions",
@@ -54,7 +54,7 @@ class BenchOptions:
     batches: int | None = None
     seconds: float | None = 30.0
     warmup_batches: int = 2
-    on_error: str = "raise"
+    on_error: OnError = "raise"
 
     def __post_init__(self) -> None:
         if self.mode not in ("train", "raw"):

@@ -29,7 +29,7 @@ from shardstream.streaming.diagnostics.mixmetrics import (
     spearman,
 )
 from shardstream.streaming.loader import StreamingDataLoader
-from shardstream.streaming.options import StreamOptions
+from shardstream.streaming.options import OnError, StreamOptions
 from shardstream.streaming.planning.readorder import planned_batches
 
 __all__ = ["MixCheckOptions", "check_mix", "format_mix_report", "mix_advice"]
@@ -61,7 +61,7 @@ class MixCheckOptions:
     label: str | None = None
     seed: int = 0
     baseline_samples: int = 4096
-    on_error: str = "raise"
+    on_error: OnError = "raise"
 
 
 def check_mix(
@@ -82,7 +82,7 @@ def check_mix(
     Raises:
         ConfigError: The samples have no label (names the members found and ``--label``).
 
-    Example:
+    Examples:
         >>> summary = check_mix("data/train", MixCheckOptions(workers=2))  # doctest: +SKIP
         >>> summary["distinct_ratio"]  # doctest: +SKIP
         0.95

@@ -24,7 +24,7 @@ __all__ = ["distinct_per_batch", "random_distinct", "spearman"]
 def distinct_per_batch(batches: Sequence[np.ndarray]) -> np.ndarray:
     """Distinct labels in each batch.
 
-    Example:
+    Examples:
         >>> distinct_per_batch([np.array([1, 1, 2]), np.array([3])]).tolist()
         [2, 1]
     """
@@ -37,7 +37,7 @@ def random_distinct(label_counts: np.ndarray, batch_size: int) -> float:
     A label with ``n`` of ``N`` samples is missing from a batch of ``b`` drawn without
     replacement with probability ``C(N - n, b) / C(N, b)``.
 
-    Example:
+    Examples:
         >>> round(random_distinct(np.array([1, 1]), 2), 3)
         2.0
         >>> round(random_distinct(np.array([50, 50]), 1), 3)
@@ -64,7 +64,7 @@ def spearman(written: np.ndarray, read_order: np.ndarray | None = None) -> float
         written: Each read sample's written position (any sortable key), in reading order.
         read_order: The reading positions (default ``0..n-1``).
 
-    Example:
+    Examples:
         >>> spearman(np.array([0, 1, 2, 3]))
         1.0
         >>> spearman(np.array([3, 2, 1, 0]))

@@ -37,7 +37,7 @@ logger = logging.getLogger("shardstream.stats")
 def bottleneck(stages: dict[str, float], stall_share: float | None) -> str:
     """``"consumer"`` when the loop rarely waits for data, else the slowest worker stage.
 
-    Example:
+    Examples:
         >>> bottleneck({"storage": 1.0, "decode": 3.0, "transform": 0.5, "collate": 0.1}, 0.6)
         'decode'
         >>> bottleneck({"storage": 1.0, "decode": 3.0, "transform": 0.5, "collate": 0.1}, 0.02)
@@ -51,7 +51,7 @@ def bottleneck(stages: dict[str, float], stall_share: float | None) -> str:
 class LoaderStats:
     """Statistics of one dataset's loader: the workers' table plus the training loop's waits.
 
-    Example:
+    Examples:
         >>> stats = LoaderStats(dataset)  # doctest: +SKIP
         >>> for batch in stats.watch(loader):  # doctest: +SKIP
         ...     train_step(batch)

@@ -45,7 +45,7 @@ class ChunkOrder:
         num_chunks: Size of the range.
         keys: One round key per Feistel round (see :meth:`seeded`).
 
-    Example:
+    Examples:
         >>> order = ChunkOrder.seeded(10, [0, 1])
         >>> sorted(order(number) for number in range(10)) == list(range(10))
         True
@@ -96,7 +96,7 @@ class ChunkSequence(BaseSequence):
         seed: Seed sequence of the chunk order, e.g. ``[seed, epoch]``.
         shuffle: Put the chunks in a seeded order (False keeps them in shard order).
 
-    Example:
+    Examples:
         >>> shards = ShardSequence(np.array([4, 4]), np.array([0, 1]))
         >>> sequence = ChunkSequence(shards, 2, [0, 0])
         >>> sorted((run.shard, run.first) for run in sequence.locate(0, 8))

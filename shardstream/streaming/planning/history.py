@@ -49,7 +49,7 @@ def remainder(
 ) -> LeftSequence:
     """What a pass over ``sequence`` left after ``record.consumed_steps`` steps.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from shardstream.streaming.planning.sequence import ShardSequence
         >>> options = PlanOptions(shuffle=False, block_size=2, piece_size=2)

@@ -92,7 +92,7 @@ class _Builder:
 def rank_template(shape: Shape, consumed: np.ndarray) -> RankTemplate:
     """The template of what each rank part left after its streams consumed ``consumed``.
 
-    Example:
+    Examples:
         >>> from shardstream.streaming.planning.split import Layout
         >>> shape = Shape.of(40, Layout(1, 2, 2), PlanOptions(block_size=2, piece_size=2))
         >>> template = rank_template(shape, shape.consumed_samples(3))
@@ -145,7 +145,7 @@ class LeftSequence(DerivedSequence):
         stream: Epoch and pass index of the pass (its rank and phase are ignored).
         consumed: Samples each stream consumed (:meth:`.split.Shape.consumed_samples`).
 
-    Example:
+    Examples:
         >>> from shardstream.streaming.planning.sequence import ShardSequence
         >>> from shardstream.streaming.planning.split import Layout
         >>> options = PlanOptions(shuffle=False, block_size=2, piece_size=2)

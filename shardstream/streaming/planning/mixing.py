@@ -51,7 +51,7 @@ def stream_quotas(
         ConfigError: Proportions mixed with plain streams, proportions without
             ``epoch_size``, ``epoch_size`` without proportions, or negative values.
 
-    Example:
+    Examples:
         >>> stream_quotas([100, 10], [0.7, 0.3], [None, None], 1001)
         [701, 300]
         >>> stream_quotas([100, 10], [None, None], [0.5, 2.0], None)

@@ -121,7 +121,7 @@ def choose_order(
     pieces at chunk ends: two reads), chunks of two pieces, and as many lanes as
     ``REMOTE_WINDOW_BYTES`` of pieces hold (32 to 512). Values given are kept as they are.
 
-    Example:
+    Examples:
         >>> choose_order(DatasetFacts(indexed=True, local=True, mean_sample_bytes=110e3))
         OrderChoice(chunk_size=4, num_open=512, piece_size=8, block_size=64)
         >>> choose_order(DatasetFacts(True, False, 10e3))
@@ -155,7 +155,7 @@ def remote_piece_bytes(mean_shard_bytes: float) -> float:
     times, so reads average ``1 / (1 / p + 1 / s)`` bytes; ``p`` is the smallest that makes
     that ``REMOTE_READ_BYTES``, at least ``REMOTE_PIECE_BYTES`` and at most 8 MiB.
 
-    Example:
+    Examples:
         >>> remote_piece_bytes(64 << 20) == REMOTE_PIECE_BYTES
         True
         >>> round(remote_piece_bytes(2e6) / 2**20, 2)
@@ -176,7 +176,7 @@ def choose_open_shards(facts: DatasetFacts, num_open: int | None = None) -> int:
     so a batch holds samples of at most this many shards: many locally (an open file costs a
     descriptor and a small buffer), fewer remotely (each holds a stream and its read-ahead).
 
-    Example:
+    Examples:
         >>> choose_open_shards(DatasetFacts(False, True, 0.0))
         256
     """
@@ -193,7 +193,7 @@ def epoch_sequence(
     Whole shards in a seeded order when ``options.chunk_size`` is 0, else chunks of that many
     samples from all over the dataset (:class:`~.chunkorder.ChunkSequence`).
 
-    Example:
+    Examples:
         >>> epoch_sequence(np.array([3, 3]), 0, 0, PlanOptions(chunk_size=0)).length
         6
     """

@@ -36,7 +36,7 @@ def stream_samples(plan: PassPlan, rank: int, phase: int) -> Iterator[Refs]:
 def planned_batches(plan: PassPlan, rank: int) -> Iterator[Refs]:
     """``(shards, ordinals)`` of every batch plan rank ``rank`` yields in the pass, in order.
 
-    Example:
+    Examples:
         >>> from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
         >>> from shardstream.streaming.planning.split import Layout, Shape
         >>> options = PlanOptions(block_size=4, piece_size=2, num_open=4, chunk_size=2)

@@ -87,7 +87,7 @@ def steps_of_worker(
 ) -> Iterator[tuple[int, list[StepRead]]]:
     """The steps worker ``worker`` of ``num_workers`` serves from step ``first`` on, with reads.
 
-    Example:
+    Examples:
         >>> shape = Shape.of(40, Layout(1, 2, 4), PlanOptions(block_size=4))
         >>> [(step, [(r.phase, r.start) for r in reads])
         ...  for step, reads in steps_of_worker(shape, 0, 1, 2, range(1))][:3]

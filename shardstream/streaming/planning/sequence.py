@@ -71,7 +71,7 @@ class BaseSequence(abc.ABC):
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """The epoch's shard order: a permutation seeded by ``(seed, epoch)``, or ``0..n-1``.
 
-    Example:
+    Examples:
         >>> shard_order(4, seed=0, epoch=0, shuffle=False).tolist()
         [0, 1, 2, 3]
     """
@@ -92,7 +92,7 @@ class ShardSequence(BaseSequence):
         counts: Samples per shard, in shard-list order.
         order: The shards in reading order (see :func:`shard_order`).
 
-    Example:
+    Examples:
         >>> sequence = ShardSequence(np.array([3, 0, 2]), np.array([2, 1, 0]))
         >>> sequence.length, sequence.locate(1, 4)
         (5, [Run(shard=2, first=1, stop=2, position=1), Run(shard=0, first=0, stop=2, position=2)])
@@ -160,7 +160,7 @@ def last_at_most(start_of: Callable[[int], int], position: int, low: int, high: 
     """The last ``i`` in ``[low, high]`` with ``start_of(i) <= position`` (``start_of`` rising,
     ``start_of(low) <= position``): the window, slot or run that holds ``position``.
 
-    Example:
+    Examples:
         >>> last_at_most(lambda i: 10 * i, 35, 0, 9)
         3
     """

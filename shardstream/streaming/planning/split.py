@@ -76,7 +76,7 @@ class Shape:
         stream_batches: Batches of each stream.
         masked: The wrapped positions are fillers (``"mask"``), not repeats (``"pad"``).
 
-    Example:
+    Examples:
         >>> shape = Shape.of(100, Layout(2, 2, 8), PlanOptions(block_size=16))
         >>> shape.per_rank, shape.unit, shape.stream_samples.tolist(), shape.steps
         (50, 16, [32, 18], 7)
@@ -158,7 +158,7 @@ class Shape:
         With ``"mask"``, part position ``p`` of rank ``r`` is a filler when ``r * P + p`` is past
         the sequence's end: it wrapped around to a sample some rank reads at its real place.
 
-        Example:
+        Examples:
             >>> shape = Shape.of(10, Layout(4, 1, 1), PlanOptions(policy="mask"))
             >>> [shape.real_end(rank) for rank in range(4)]
             [3, 3, 3, 1]

@@ -40,7 +40,7 @@ def plan_whole_shards(
 ) -> WholeShardPlan:
     """The shards of worker ``role`` of ``rank``, which already yielded ``skip`` items.
 
-    Example:
+    Examples:
         >>> plan_whole_shards(4, 0, False, 0, rank=0, world_size=1, role=1, num_workers=2)
         WholeShardPlan(shards=(1, 3), seed=(0, 0, 0, 1), skip_items=0)
     """
@@ -57,7 +57,7 @@ def role_after(worker: int, num_workers: int, consumed: int) -> tuple[int, int]:
     ``consumed`` items worker ``i`` plays worker ``(i + consumed) % num_workers`` of the
     original turn order (counts are unknown: no worker is assumed to have run out).
 
-    Example:
+    Examples:
         >>> role_after(0, 3, 5)
         (2, 1)
     """

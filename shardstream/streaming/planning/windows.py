@@ -63,7 +63,7 @@ class StreamLanes:
         shape: The pass's integer layout.
         phase: The stream.
 
-    Example:
+    Examples:
         >>> from shardstream.streaming.planning.split import Layout
         >>> options = PlanOptions(block_size=2, piece_size=2, num_open=2)
         >>> shape = Shape.of(40, Layout(1, 2, 2), options)
@@ -220,7 +220,7 @@ def build_window(
 ) -> Window:
     """Window ``index`` of ``stream``: its runs and the seeded order of their samples.
 
-    Example:
+    Examples:
         >>> from shardstream.streaming.planning.sequence import ShardSequence
         >>> from shardstream.streaming.planning.split import Layout
         >>> sequence = ShardSequence(np.array([6, 6]), np.array([0, 1]))

@@ -82,7 +82,7 @@ def pack_bytes(
             where it runs, from :class:`~shardstream.streaming.control.context.Context`).
         buffers: Reusable shared-memory buffers a worker keeps (0: a new segment per batch).
 
-    Example:
+    Examples:
         >>> [bytes(view.numpy()) for view in pack_bytes([b"ab", b"", b"c"], shared=False)]
         [b'ab', b'', b'c']
     """
@@ -153,7 +153,7 @@ def collate_pairs(
     with ``valid`` a bool tensor. ``shared``: in a DataLoader worker (images to shared memory,
     small tensors inlined).
 
-    Example:
+    Examples:
         >>> _, labels, valid = collate_pairs([(b"a", 1, True), (b"b", 2, False)])
         >>> labels.tolist(), valid.tolist()
         ([1, 2], [True, False])

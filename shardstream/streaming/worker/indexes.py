@@ -37,7 +37,7 @@ class IndexCache:
         store: Where the indexes are.
         max_shards: Indexes kept; memory is 8 bytes per sample of each.
 
-    Example:
+    Examples:
         >>> cache = IndexCache(Store("shards/train"))  # doctest: +SKIP
         >>> offsets = cache.get("shard-000000.idx")  # doctest: +SKIP
     """

@@ -88,7 +88,7 @@ def open_piece(
         ShardFormatError: The shard is corrupt, truncated, has fewer than ``stop`` samples, or
             disagrees with its index.
 
-    Example:
+    Examples:
         >>> ranges = Store("shards/train").ranges()  # doctest: +SKIP
         >>> samples = list(open_piece(ranges, "shard-000000.tar", 0, 4))  # doctest: +SKIP
     """

@@ -71,7 +71,7 @@ class ShardReader:
         settings: Read settings.
         stats: Where skipped samples are counted.
 
-    Example:
+    Examples:
         >>> reader = ShardReader(shards, ReadSettings())  # doctest: +SKIP
         >>> samples = list(reader.open(3, 0, 8))  # doctest: +SKIP
         >>> reader.close()  # doctest: +SKIP

@@ -73,7 +73,7 @@ def interleave_shards(
         shuffle: Open shards in a seeded order and draw among them; with False, in order, one
             at a time.
 
-    Example:
+    Examples:
         >>> sorted(interleave_shards(lambda n: iter([n, n]), 2, num_open=2, seed=[0]))
         [0, 0, 1, 1]
     """
@@ -109,7 +109,7 @@ def shuffle_in_buffer(samples: Iterable[Any], size: int, seed: Sequence[int]) ->
 
     Memory is bounded by ``size`` samples (the encoded bytes, before decoding).
 
-    Example:
+    Examples:
         >>> sorted(shuffle_in_buffer(range(4), size=2, seed=[0]))
         [0, 1, 2, 3]
     """
@@ -140,7 +140,7 @@ class Draws:
     per block of floats, each turned into ``int(u * n)`` (a bias below 1e-9 for any ``n`` a
     shuffle uses).
 
-    Example:
+    Examples:
         >>> draws = Draws([0, 1])
         >>> all(0 <= draws.below(10) < 10 for _ in range(5))
         True

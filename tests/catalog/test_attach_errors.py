@@ -1,0 +1,116 @@
+"""What `attach` and `view --where` say about tables and predicates they cannot use: one
+`error:` line naming the file, the field and the row, and column types decided explicitly."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from shardstream import ConfigError, RandomAccessDataset, StreamOptions, build_shards, read_manifest
+from shardstream.catalog.attach import attach_columns
+from shardstream.cli import main
+from tests.streaming.shards import make_samples
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("scored") / "ds"
+    build_shards(make_samples(12), root, max_samples_per_shard=5)
+    attach_columns(root, pa.table({"__key__": [f"s{i:06d}" for i in range(12)],
+                                   "aesthetic": [i % 6 for i in range(12)]}))  # fmt: skip
+    return root
+
+
+def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main([*argv, "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "pyarrow" not in err and "Arrow" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("where", "said"), [
+    ('aesthetic > "5"', "cannot compare field 'aesthetic' (int64) with the constant '5'"),
+    ("aesthetic", "field 'aesthetic' (int64) is not true/false"),
+    ("not aesthetic", "field 'aesthetic' (int64) is not true/false"),
+    ("aesthetic >= 1 and aesthetic", "field 'aesthetic' (int64) is not true/false"),
+    ('aesthetic in [1, "a"]', "cannot compare field 'aesthetic' (int64) with the list"),
+])  # fmt: skip
+def test_a_predicate_of_the_wrong_type_is_one_line_naming_the_field(
+    scored: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+    where: str, said: str,
+) -> None:  # fmt: skip
+    err = _error(["view", str(scored), str(tmp_path / "v"), "--where", where], capsys)
+    assert said in err, err
+    assert not (tmp_path / "v").exists()
+    assert main(["view", str(scored), str(tmp_path / "ok"), "--where", "aesthetic >= 3", "-q"]) == 0
+    assert "6 samples" in capsys.readouterr().out
+
+
+def test_tables_that_do_not_read_are_one_line_naming_the_file_and_row(
+    scored: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = tmp_path / "extra.csv"
+    extra.write_text("__key__,score\ns000001,3\ns000002,4,9\n")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"__key__": "s000001", "m": 1}\n{"__key__": "s000002", "m": "x"}\n')
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1" + b"\0" * 64)
+    for table, said in [
+        (extra, "extra.csv: line 3 has 3 columns where the header has 2"),
+        (mixed, "mixed.jsonl: field 'm' is a number in one row and a string at line 2"),
+        (corrupt, "corrupt.parquet: not a readable Parquet file"),
+    ]:
+        assert said in _error(["attach", str(scored), str(table)], capsys)
+    assert read_manifest(scored).version == 2  # nothing was published
+
+
+def test_a_stray_text_cell_is_refused_not_turned_into_a_text_column(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ds"
+    build_shards(make_samples(6), root, max_samples_per_shard=3)
+    table = tmp_path / "scores.csv"
+    table.write_text("__key__,score,caption\ns000001,3,a\ns000002,abc,7\ns000003,4.5,c\n")
+    err = _error(["attach", str(root), str(table)], capsys)
+    assert "column 'score' is numbers in 2 of 3 rows but 'abc' at line 3" in err, err
+    assert "--type score=float64" in err
+    with pytest.raises(ConfigError, match="declared double but line 3 holds 'abc'"):
+        attach_columns(root, table, types={"score": "float64"})
+    assert main(["attach", str(root), str(table), "--type", "score=string", "-q"]) == 0
+    assert "score (string), caption (string)" in capsys.readouterr().out  # as declared
+    err = _error(["view", str(root), str(tmp_path / "v"), "--where", "score > 1"], capsys)
+    assert "cannot compare field 'score' (string) with the constant 1" in err
+    good = tmp_path / "good.csv"
+    good.write_text("__key__,score\ns000001,3\ns000002,\ns000003,4.5\n")  # an empty cell: null
+    attach_columns(root, good)
+    sample = RandomAccessDataset(root, decode="raw", options=StreamOptions(output="dict"))
+    assert sample.by_key("s000003")["score"] == 4.5 and sample.by_key("s000002")["score"] is None
+
+
+def test_a_corrupt_fields_file_is_named_when_a_view_reads_it(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ds"
+    build_shards(make_samples(6), root, max_samples_per_shard=3)
+    attach_columns(root, pa.table({"__key__": ["s000001"], "x": [1]}))
+    [first, *_] = sorted((root / "columns").rglob("*.parquet"))
+    assert pq.read_table(first).num_rows == 3
+    first.write_bytes(b"PAR1 not really")
+    err = _error(["view", str(root), str(tmp_path / "v"), "--where", "x > 0"], capsys)
+    assert f"{first.name}: the attached fields' file is not readable Parquet" in err, err
+
+
+def test_a_dataframe_column_of_mixed_types_is_refused_naming_the_row(
+    scored: pathlib.Path,
+) -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"__key__": ["s000001", "s000002", "s000003"], "m": [1, 2, "x"]})
+    with pytest.raises(ConfigError, match=r"column 'm' mixes types \(int in its first rows; "
+                       r"row 2 holds 'x'\)"):  # fmt: skip
+        attach_columns(scored, frame)
+    assert read_manifest(scored).version == 2
