@@ -144,3 +144,22 @@ def test_cli_build_and_inspect_show_pixels_and_bytes_per_sample(
     assert "sizes in shard-000000.tar's index (4 samples): height 24..24, width 32..32" in out
     assert main(["build", "-q", str(root), str(tmp_path / "bad"), "--pixels", "32"]) == 1
     assert "pixels must be 'short=N'" in capsys.readouterr().err
+
+
+def test_verify_decode_checks_pixel_members_as_readers_read_them(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = write_image_folder(tmp_path / "images", num_classes=1, per_class=3, size=(40, 30))
+    dest = tmp_path / "ds"
+    build_shards(root, dest, pixels="short=10", shuffle=False)
+    assert main(["verify", str(dest), "--decode", "-q"]) == 0
+    shard = dest / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"'shape': (10, 13, 3)")  # the first sample's header: another height
+    data[at : at + 20] = b"'shape': (11, 13, 3)"
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["verify", str(dest), "--decode", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "UNDECODABLE shard-000000.tar: key 'class_00/img_00000' member 'pixels.npy'" in out
+    assert "of shape (11, 13, 3) needs 557 bytes" in out
