@@ -60,6 +60,14 @@ def add_build(subparsers: Any) -> None:
         help="JPEG quality when re-encoding, 1-100 (default: 90 with --resize)",
     )
     parser.add_argument(
+        "--pixels",
+        default=None,
+        metavar="SIZE",
+        help="store images decoded once, as uint8 pixels (KEY.pixels.npy), at SIZE: short=N "
+        "(shorter side N, aspect kept) or WxH (a fixed box); readers skip the JPEG decode "
+        "(default: encoded images)",
+    )
+    parser.add_argument(
         "--on-error",
         choices=("raise", "skip"),
         default="raise",
@@ -88,6 +96,7 @@ def _run_build(args: argparse.Namespace) -> int:
         shuffle=not args.no_shuffle,
         resize=args.resize,
         quality=args.quality,
+        pixels=args.pixels,
         on_error=args.on_error,
         overwrite=args.overwrite,
         append=args.append,

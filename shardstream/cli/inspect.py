@@ -56,7 +56,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
         else "shards:   0",
         f"samples:  {manifest.num_samples}{_excluded(manifest)}",
         *_versions(store, manifest.version),
-        f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)})",
+        f"bytes:    {manifest.num_bytes} ({human(manifest.num_bytes)}){_per_sample(manifest)}",
+        *_images(store, manifest),
         f"classes:  {len(names)} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
         if names
         else "classes:  none",
@@ -68,6 +69,34 @@ def _run_inspect(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines))
     return 0
+
+
+def _per_sample(manifest: Any) -> str:
+    """Bytes on disk per sample, tar headers and the other members included."""
+    if not manifest.num_samples:
+        return ""
+    return f", {human(manifest.num_bytes / manifest.num_samples)} per sample"
+
+
+def _images(store: Store, manifest: Any) -> list[str]:
+    """How images are stored, for a dataset built with ``--pixels`` (sizes from one index)."""
+    from shardstream.format.inspection import pixel_sizes
+
+    pixels = manifest.settings.get("pixels")
+    if pixels is None:
+        return []
+    lines = [
+        f"images:   pixels {pixels}: uint8 height x width x 3 in KEY.pixels.npy, decoded at "
+        "build time (readers crop them without a JPEG decode)"
+    ]
+    sizes = pixel_sizes(store, manifest)
+    if sizes is not None:
+        (low_h, high_h), (low_w, high_w) = sizes["height"], sizes["width"]
+        lines.append(
+            f"  sizes in {sizes['shard']}'s index ({sizes['samples']} samples): height "
+            f"{low_h}..{high_h}, width {low_w}..{high_w}"
+        )
+    return lines
 
 
 def _versions(store: Store, shown_version: int) -> list[str]:

@@ -4,7 +4,8 @@
 :mod:`shardstream.shardwriter.imageops`), so damage inside a JPEG's compressed data, with its
 markers intact, passes it and ``verify`` (which checks bytes against the manifest). This check
 decodes each image fully; Pillow's verdict is the one the CPU decode path gives in training.
-It costs a full decode of every image (see the CHANGELOG for a measurement).
+It costs a full decode of every image (see the CHANGELOG for a measurement). Pixel members
+(``build --pixels``) are checked as readers read them: header and size.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from shardstream.errors import DecodeError
 from shardstream.format.keys import key_hash
 from shardstream.format.manifest import Manifest
+from shardstream.format.pixels import is_pixels, pixel_array
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.samples import iter_samples
 from shardstream.format.tarreader import open_tar
@@ -65,6 +68,12 @@ def find_undecodable(
 def _undecodable(sample: dict, where: str) -> list[str]:
     found = []
     for name, data in sample.items():
+        if is_pixels(name):  # stored decoded (build --pixels): its header and size must agree
+            try:
+                pixel_array(data, "")
+            except DecodeError as error:
+                found.append(f"{where} member {name!r} does not decode ({error})")
+            continue
         if name.startswith("__") or name.rpartition(".")[2].lower() not in IMAGE_EXTENSIONS:
             continue
         try:

@@ -10,17 +10,18 @@ from typing import Any
 
 import numpy as np
 
-from shardstream.errors import DecodeError
+from shardstream.errors import DecodeError, ShardFormatError
 from shardstream.format import codecs
 from shardstream.format.keys import key_hash
 from shardstream.format.manifest import Manifest
 from shardstream.format.roots import root_store, view_selection
 from shardstream.format.samples import iter_samples
 from shardstream.format.selection import Selection
+from shardstream.format.shardindex import decode_index
 from shardstream.format.tarreader import open_tar
 from shardstream.storage import Store
 
-__all__ = ["class_balance", "companion_files", "shard_spread"]
+__all__ = ["class_balance", "companion_files", "pixel_sizes", "shard_spread"]
 
 #: Files other readers look for, and who reads them.
 COMPANIONS = {
@@ -109,3 +110,27 @@ def _label(raw: Any) -> int | None:
 def companion_files(dataset: Store) -> dict[str, str]:
     """The files of :data:`COMPANIONS` that ``dataset`` holds, with who reads them."""
     return {name: reader for name, reader in COMPANIONS.items() if dataset.exists(name)}
+
+
+def pixel_sizes(dataset: Store, manifest: Manifest) -> dict[str, Any] | None:
+    """Height and width range of the pixel images of the first shard, from its index alone.
+
+    Returns:
+        ``{"shard", "samples", "height": (min, max), "width": (min, max)}``, or None when the
+        first shard's index records no pixel sizes (encoded images, or an index written by
+        ``shardstream index``/``compact``).
+    """
+    if not len(manifest.shards) or not manifest.shards[0].index:
+        return None
+    shards = root_store(dataset, manifest.shard_root)
+    name = manifest.shards[0].index
+    try:
+        shapes = decode_index(shards.read_bytes(name), shards.shown(name)).shapes
+    except (OSError, ShardFormatError):
+        return None
+    if shapes is None or not len(shapes):
+        return None
+    heights, widths = shapes[:, 0], shapes[:, 1]
+    return {"shard": manifest.shards[0].name, "samples": len(shapes),
+            "height": (int(heights.min()), int(heights.max())),
+            "width": (int(widths.min()), int(widths.max()))}  # fmt: skip

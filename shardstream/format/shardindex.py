@@ -8,17 +8,20 @@ every sample's key (:func:`shardstream.format.keys.key_hash`), so looking a samp
 and selecting samples by key for a view, need no reading of the shard. Version 3 also stores
 every sample's content digest (:mod:`shardstream.format.digests`), so duplicates are found
 from indexes alone; it names its sample count first, so a reader that needs offsets and keys
-reads them and not the digests after them.
+reads them and not the digests after them. Version 4 is version 3 followed by the height and
+width of every sample's pixel image (``build --pixels``: ``KEY.pixels.npy``, 3 channels), so a
+tool learns every image's size from the index alone.
 
 Format (little-endian)::
 
     magic   8 bytes  b"SSTIDX\\0\\0"
-    version uint64   1, 2 or 3
-    count   uint64   version 3: the number of samples
+    version uint64   1, 2, 3 or 4
+    count   uint64   versions 3 and 4: the number of samples
     offsets uint64   one per sample: where its first member's header starts
     end     uint64   where the last sample's last member ends
     keys    uint64   versions 2 and 3: one key hash per sample
-    digests 16 bytes version 3: one content digest per sample
+    digests 16 bytes versions 3 and 4: one content digest per sample
+    shapes  uint16   version 4: height, width of each sample's pixel image
 
 Tools that do not know the sidecar (tar, webdataset) simply ignore it. Indexes of versions 1
 and 2 stay readable; they have no digests (``shardstream index --overwrite`` writes version 3).
@@ -48,19 +51,23 @@ __all__ = [
     "index_version",
 ]
 
-INDEX_VERSION = 3
+INDEX_VERSION = 3  # what indexes without pixel shapes are written as; with them, 4
 _MAGIC = b"SSTIDX\0\0"
 _HEADER_BYTES = 16
+#: A pixel image's height and width, two uint16 (version 4).
+_SHAPE_BYTES = 4
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardIndex:
     """A decoded index: sample offsets (then the end), key hashes and content digests when
-    stored (digests: ``uint8`` of shape ``(samples, 16)``)."""
+    stored (digests: ``uint8`` of shape ``(samples, 16)``), and pixel images' sizes (version 4,
+    read whole: ``uint16`` of shape ``(samples, 2)``, height and width)."""
 
     offsets: array.array[int]
     key_hashes: np.ndarray | None
     digests: np.ndarray | None = None
+    shapes: np.ndarray | None = None
 
 
 def index_name(shard_name: str) -> str:
@@ -73,9 +80,11 @@ def encode_offsets(
     offsets: Sequence[int],
     key_hashes: Sequence[int] | None = None,
     digests: Sequence[bytes] | bytes | None = None,
+    shapes: Sequence[tuple[int, int]] | None = None,
 ) -> bytes:
     """The index file's bytes: sample offsets plus the end, and optionally the key hashes and
-    (with them) the content digests (16 bytes each, or one blob of them).
+    (with them) the content digests (16 bytes each, or one blob of them), and (with those) the
+    ``(height, width)`` of every sample's pixel image.
 
     Examples:
         >>> decode_offsets(encode_offsets([0, 1536, 3072]), "x.idx").tolist()
@@ -93,9 +102,14 @@ def encode_offsets(
         if key_hashes is None or len(tail) != DIGEST_BYTES * (len(values) - 1) // 2:
             raise ValueError("an index with digests needs key hashes and 16 bytes per sample")
         version = 3
+    if shapes is not None:
+        if version != 3 or len(shapes) != len(values) // 2:
+            raise ValueError("an index with shapes needs digests and one shape per sample")
+        tail += np.asarray(shapes, dtype="<u2").reshape(-1, 2).tobytes()
+        version = 4
     if sys.byteorder != "little":  # pragma: no cover - big-endian hosts
         values.byteswap()
-    count = (len(offsets) - 1).to_bytes(8, "little") if version == 3 else b""
+    count = (len(offsets) - 1).to_bytes(8, "little") if version >= 3 else b""
     return _MAGIC + version.to_bytes(8, "little") + count + values.tobytes() + tail
 
 
@@ -124,13 +138,13 @@ def decode_index(
     if data[:8] != _MAGIC:
         raise ShardFormatError(f"{url}: not a shardstream index (bad magic {data[:8]!r})")
     version = index_version(data)
-    if version not in (1, 2, 3):
+    if version not in (1, 2, 3, 4):
         raise ShardFormatError(
-            f"{url}: index version {version} is not supported (this release reads 1, 2 and 3); "
+            f"{url}: index version {version} is not supported (this release reads 1 to 4); "
             "upgrade shardstream or rebuild the dataset"
         )
-    if version == 3:
-        return _decode_with_digests(data, url, num_samples, num_bytes)
+    if version >= 3:
+        return _decode_with_digests(data, url, num_samples, num_bytes, version == 4)
     body = data[_HEADER_BYTES:]
     if not body or len(body) % 8 or (version == 2 and len(body) % 16 != 8):
         raise ShardFormatError(f"{url}: index body of {len(body)} bytes is torn or empty")
@@ -145,24 +159,28 @@ def decode_index(
 
 
 def _decode_with_digests(
-    data: bytes, url: str, num_samples: int | None, num_bytes: int | None
+    data: bytes, url: str, num_samples: int | None, num_bytes: int | None, shaped: bool = False
 ) -> ShardIndex:
     count = int.from_bytes(data[_HEADER_BYTES : _HEADER_BYTES + 8], "little")
     if num_samples is not None and count != num_samples:
         raise _count_error(url, count, num_samples)
     start = _HEADER_BYTES + 8
     keys_end = start + 8 * (2 * count + 1)
-    full = keys_end + DIGEST_BYTES * count
-    if len(data) not in (keys_end, full) or count >= 1 << 40:
+    digests_end = keys_end + DIGEST_BYTES * count
+    full = digests_end + (_SHAPE_BYTES * count if shaped else 0)
+    if len(data) not in (keys_end, digests_end, full) or count >= 1 << 40:
         raise ShardFormatError(f"{url}: index of {len(data)} bytes is torn (for {count} samples)")
     values = np.frombuffer(data, dtype="<u8", count=2 * count + 1, offset=start)
     offsets, keys = values[: count + 1], values[count + 1 :].view("<i8").astype(np.int64)
     _check_offsets(offsets, url, num_samples, num_bytes)
-    digests = None
-    if len(data) == full:
+    digests = shapes = None
+    if len(data) >= digests_end:
         digests = np.frombuffer(data, np.uint8, DIGEST_BYTES * count, keys_end)
         digests = digests.reshape(count, DIGEST_BYTES)
-    return ShardIndex(array.array("Q", offsets.astype(np.uint64).tolist()), keys, digests)
+    if shaped and len(data) == full:
+        shapes = np.frombuffer(data, "<u2", 2 * count, digests_end).reshape(count, 2)
+    offsets_array = array.array("Q", offsets.astype(np.uint64).tolist())
+    return ShardIndex(offsets_array, keys, digests, shapes)
 
 
 def _check_offsets(
@@ -195,7 +213,7 @@ def index_key_hashes(data: bytes | memoryview, url: str) -> np.ndarray | None:
         return None
     if version == 2 and len(data) % 16 == 8 and len(data) > _HEADER_BYTES:
         count, start = (len(data) - _HEADER_BYTES - 8) // 16, _HEADER_BYTES
-    elif version == 3 and len(data) >= _HEADER_BYTES + 16:
+    elif version in (3, 4) and len(data) >= _HEADER_BYTES + 16:
         count, start = int.from_bytes(data[16:24], "little"), _HEADER_BYTES + 8
     else:
         return decode_index(bytes(data), url).key_hashes  # raises with the reason

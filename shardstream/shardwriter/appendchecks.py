@@ -15,6 +15,7 @@ from shardstream.catalog.versions import list_versions, version_name
 from shardstream.errors import ConfigError, DatasetExistsError, SourceError
 from shardstream.format import codecs
 from shardstream.format.manifest import Manifest
+from shardstream.format.pixels import PIXELS_EXTENSION
 from shardstream.format.samples import iter_samples
 from shardstream.format.shardindex import index_name
 from shardstream.format.tarreader import open_tar
@@ -136,24 +137,38 @@ def _check_members(
     dest: Store, base: Manifest, scanned: ScannedSource, options: BuildOptions
 ) -> None:
     """Image types (JPEG only, when the dataset was re-encoded) and the other members."""
-    others = _first_sample_members(dest, base.shards[0].name) - codecs.IMAGE_EXTENSIONS
+    images = codecs.IMAGE_EXTENSIONS | {PIXELS_EXTENSION}
+    others = _first_sample_members(dest, base.shards[0].name) - images
     jpeg_only = base.settings.get("resize") is not None or base.settings.get("quality") is not None
+    # Pixel datasets take pixels (at any size: the reader's crop adapts), and only them.
+    pixels_only = base.settings.get("pixels") is not None
     table = scanned.table
     for index in range(len(table)):
         path = table.path(index)
-        image = "jpg" if options.reencodes else normalized_extension(path)
+        image = _image_member(path, options)
         members = {"cls"} if int(table.labels[index]) >= 0 else set()
         if table.extra(index):
             members.add("json")
-        if members != others or (jpeg_only and image != "jpg"):
-            expected = sorted(others | {"jpg" if jpeg_only else "an image"})
+        if (
+            members != others
+            or (jpeg_only and image != "jpg")
+            or (pixels_only != (image == PIXELS_EXTENSION))
+        ):
+            kind = PIXELS_EXTENSION if pixels_only else "jpg" if jpeg_only else "an image"
+            expected = sorted(others | {kind})
             raise SourceError(
                 f"{os.path.join(table.root, path)}: would be a sample with members "
                 f"{sorted({image, *members})}, but the samples of {dest.shown()} have "
                 f"{expected} (read from its {base.shards[0].name}); append samples of the same "
-                "kind (labels and extra fields as the dataset has, and --resize or --quality "
-                "when the dataset was re-encoded to JPEG)"
+                "kind (labels and extra fields as the dataset has, --resize or --quality "
+                "when the dataset was re-encoded to JPEG, --pixels when it stores pixels)"
             )
+
+
+def _image_member(path: str, options: BuildOptions) -> str:
+    if options.pixels is not None:
+        return PIXELS_EXTENSION
+    return "jpg" if options.reencodes else normalized_extension(path)
 
 
 def _first_sample_members(dest: Store, name: str) -> set[str]:

@@ -143,6 +143,12 @@ def _build_from_iterable(
     executor: cf.Executor | None,
     progress: ProgressCallback | None,
 ) -> Manifest:
+    if options.pixels is not None:
+        raise ConfigError(
+            "pixels decodes image files of a folder or list source; an iterable's samples are "
+            "written as given: pass a numpy uint8 (height, width, 3) array as its "
+            "'pixels.npy' member instead"
+        )
     settings = {**options.output_settings(), "shuffle": False, "source_kind": "iterable"}
     if dest.exists(MANIFEST_NAME) and not options.overwrite:
         raise DatasetExistsError(

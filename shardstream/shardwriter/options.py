@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from shardstream.errors import ConfigError
+from shardstream.format.pixels import PixelSize
 
 __all__ = ["DEFAULT_MAX_BYTES", "BuildOptions"]
 
@@ -30,12 +31,17 @@ class BuildOptions:
             write JPEG. ``None`` passes the original bytes through.
         quality: JPEG quality when re-encoding (implies JPEG output); ``None`` means 90 when
             ``resize`` is set, else no re-encoding.
+        pixels: Store every image decoded once, as ``uint8`` pixels in a ``KEY.pixels.npy``
+            member (what ``numpy.load`` reads), at this size: ``"short=N"`` (shorter side
+            exactly N pixels, aspect kept) or ``"WxH"`` (a fixed box, aspect not kept), e.g.
+            ``"short=256"``; readers then skip the decode (images only, from file sources).
+            Excludes ``resize`` and ``quality``. ``None`` stores encoded images.
         on_error: ``"raise"`` stops at the first unreadable item or image that fails the
             build's check; ``"skip"`` leaves it out, logs it and lists it in
             ``manifest.skipped``. Passed-through images are checked by signature and end
             marker (JPEG, PNG) or header (others), not decoded: damage inside an image's data
-            is found by ``shardstream verify --decode`` (re-encoding with ``resize`` or
-            ``quality`` decodes every image, so it finds it too).
+            is found by ``shardstream verify --decode`` (re-encoding with ``resize``,
+            ``quality`` or ``pixels`` decodes every image, so it finds it too).
         overwrite: Replace a different dataset or unfinished build already in DEST.
         append: Add the source's samples to the dataset in DEST as new shards after its
             shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
@@ -55,6 +61,7 @@ class BuildOptions:
     on_error: str = "raise"
     overwrite: bool = False
     append: bool = False
+    pixels: str | None = None  # last: positional arguments keep their places
 
     def __post_init__(self) -> None:
         if self.max_samples_per_shard is not None and self.max_samples_per_shard < 1:
@@ -71,6 +78,13 @@ class BuildOptions:
             raise ConfigError(f"resize (shorter side in pixels) must be >= 1, got {self.resize}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"quality must be between 1 and 100, got {self.quality}")
+        if self.pixels is not None:  # one spelling, in the manifest too
+            object.__setattr__(self, "pixels", str(PixelSize.parse(str(self.pixels))))
+            if self.resize is not None or self.quality is not None:
+                raise ConfigError(
+                    "pixels stores decoded pixels; resize and quality re-encode JPEG: pass "
+                    "pixels alone (its size replaces resize)"
+                )
         if self.append and self.overwrite:
             raise ConfigError("append and overwrite exclude each other: choose one")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -78,11 +92,13 @@ class BuildOptions:
 
     @property
     def reencodes(self) -> bool:
-        """True when images are decoded and written again as JPEG."""
-        return self.resize is not None or self.quality is not None
+        """True when images are decoded and written again (as JPEG, or as pixels)."""
+        return self.resize is not None or self.quality is not None or self.pixels is not None
 
     def output_settings(self) -> dict[str, Any]:
         """The settings that determine the output bytes (recorded in the manifest)."""
         settings = dataclasses.asdict(self)
         del settings["workers"], settings["overwrite"], settings["append"]
+        if settings["pixels"] is None:  # absent, as in manifests written before the option
+            del settings["pixels"]
         return settings

@@ -18,11 +18,17 @@ from collections.abc import Iterator, Sequence
 
 from shardstream.errors import SourceError
 from shardstream.format.manifest import ShardInfo, SkippedSample
+from shardstream.format.pixels import PIXELS_EXTENSION, PixelSize, encode_pixels, pixel_shape
 from shardstream.format.scan import without_skip_hint
 from shardstream.format.shardindex import encode_offsets, index_name
 from shardstream.format.tarheader import END_BYTES, member_size
 from shardstream.format.tarwriter import TarShardWriter
-from shardstream.shardwriter.imageops import check_image, normalized_extension, reencode_jpeg
+from shardstream.shardwriter.imageops import (
+    check_image,
+    decode_pixels,
+    normalized_extension,
+    reencode_jpeg,
+)
 from shardstream.shardwriter.options import BuildOptions
 from shardstream.shardwriter.records import FileTable
 from shardstream.storage import Store
@@ -141,7 +147,10 @@ def _file_members(table: FileTable, index: int, path: str, options: BuildOptions
     with open(path, "rb", buffering=0) as stream:
         data = stream.readall()
     extension = normalized_extension(path)
-    if options.reencodes:
+    if options.pixels is not None:
+        data = encode_pixels(decode_pixels(data, PixelSize.parse(options.pixels), path))
+        extension = PIXELS_EXTENSION
+    elif options.reencodes:
         data = reencode_jpeg(data, options.resize, options.quality, path)
         extension = "jpg"
     else:
@@ -175,6 +184,8 @@ class _ShardRoller:
         self._writer: TarShardWriter | None = None
         self._count = 0
         self._shards: list[ShardInfo] = []
+        #: The part's samples' pixel image sizes, while every sample has a pixel member.
+        self._shapes: list[tuple[int, int]] | None = None
 
     def add(self, key: str, members: Sequence[Member]) -> None:
         names = [(f"{key}.{extension}", data) for extension, data in members]
@@ -196,6 +207,9 @@ class _ShardRoller:
         for name, data in names:
             writer.write_member(name, data)
         self._count += 1
+        if self._shapes is not None:  # every sample's pixel image size, for the index
+            shape = next((pixel_shape(d) for e, d in members if e == PIXELS_EXTENSION), None)
+            self._shapes = None if shape is None else [*self._shapes, shape]
 
     def close(self) -> tuple[ShardInfo, ...]:
         if self._writer is not None:
@@ -213,6 +227,7 @@ class _ShardRoller:
         stream = self._stack.enter_context(self._task.state.open_atomic_write(name))
         self._writer = TarShardWriter(stream)
         self._count = 0
+        self._shapes = []
         return self._writer
 
     def _finish_part(self, writer: TarShardWriter) -> None:
@@ -223,6 +238,8 @@ class _ShardRoller:
         # The index is written after its part, so a part counts as done only with its index.
         index = index_name(name)
         with self._task.state.open_atomic_write(index) as stream:
-            stream.write(encode_offsets(writer.sample_offsets, writer.key_hashes, writer.digests))
+            stream.write(encode_offsets(
+                writer.sample_offsets, writer.key_hashes, writer.digests, self._shapes or None
+            ))  # fmt: skip
         self._shards.append(ShardInfo(name, self._count, writer.num_bytes, writer.sha256, index))
         self._stack = self._writer = None

@@ -98,3 +98,23 @@ def test_index_digests_foreign_shards_and_verify_finds_a_changed_digest(
     unread = tmp_path / "unread"
     index_shards(folder, unread, checksum=False)  # bytes hopped over: no digests
     assert index_version((unread / (first.index or "")).read_bytes()) == 2
+
+
+def test_version_4_adds_pixel_sizes_that_readers_need_not_read(tmp_path: pathlib.Path) -> None:
+    offsets, keys, digests = [0, 1024, 3072], [11, 12], [bytes(16), b"\1" * 16]
+    four = encode_offsets(offsets, keys, digests, [(256, 341), (300, 256)])
+    assert index_version(four) == 4 and index_key_hashes(four, "x").tolist() == keys
+    whole = decode_index(four, "x")
+    assert whole.shapes.tolist() == [[256, 341], [300, 256]]
+    assert whole.digests.tolist()[1] == [1] * 16 and list(whole.offsets) == offsets
+    no_shapes = decode_index(four[: -4 * 2], "x")  # read up to the digests
+    assert no_shapes.shapes is None and no_shapes.digests is not None
+    with pytest.raises(ShardFormatError, match="torn"):
+        decode_index(four[:-3], "x")
+    with pytest.raises(ValueError, match="one shape per sample"):
+        encode_offsets(offsets, keys, digests, [(1, 1)])
+    with pytest.raises(ValueError, match="needs digests"):
+        encode_offsets(offsets, keys, None, [(1, 1), (2, 2)])
+    (tmp_path / "a.idx").write_bytes(four)
+    read = IndexCache(Store(str(tmp_path))).get("a.idx", num_samples=2, num_bytes=4096)
+    assert read is not None and list(read.offsets) == offsets  # a worker reads offsets and keys

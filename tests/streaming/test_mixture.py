@@ -131,3 +131,14 @@ def test_elastic_resume_inside_a_mixed_epoch_keeps_the_counts(sources: dict[str,
     assert len({len(keys) for keys in rest}) == 1
     counts = collections.Counter(key[0] for key in head + [k for keys in rest for k in keys])
     assert [counts["a"], counts["b"]] == [24, 24]  # 24 of each, as the uninterrupted epoch
+
+
+def test_samples_name_their_own_datasets_shard(sources: dict[str, str]) -> None:
+    """Both datasets have a shard-000000.tar: each sample's ``__url__`` is its own dataset's."""
+    streams = [Stream(sources["a"], proportion=0.5), Stream(sources["b"], proportion=0.5)]
+    dataset = StreamingDataset(streams, epoch_size=20, options=StreamOptions(**OPTIONS))
+    samples = list(dataset)
+    assert len(samples) == 20
+    for sample in samples:
+        folder = sources["a" if sample["__stream__"] == 0 else "b"]
+        assert sample["__url__"].startswith(folder + "/"), (sample["__key__"], sample["__url__"])

@@ -136,6 +136,27 @@ def test_pieces_seek_with_the_offset_index(tmp_path: pathlib.Path) -> None:
         list(open_piece(_pool(path), path.name, 11, 12, OffsetIndex()))
 
 
+def test_shards_of_the_same_name_in_two_stores_keep_their_own_offsets(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A mixture's datasets have shards of the same names; one worker's walked offsets of one
+    must not be used to seek in the other (where samples have other sizes)."""
+    import webdataset as wds
+
+    paths = []
+    for folder, size in (("a", 16), ("b", 64)):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "shard.tar")
+        with wds.TarWriter(str(paths[-1])) as sink:
+            for index in range(6):
+                image = tiny_jpeg(index, size, size)
+                sink.write({"__key__": f"{folder}{index}", "jpg": image, "cls": index})
+    index = OffsetIndex()
+    for path in paths:
+        keys = [s["__key__"] for s in open_piece(_pool(path), path.name, 3, 5, index)]
+        assert keys == [f"{path.parent.name}3", f"{path.parent.name}4"]
+
+
 class _RecordingPool(LocalRanges):
     """A pool that records the byte ranges pieces ask for (lent or mapped)."""
 

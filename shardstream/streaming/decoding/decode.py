@@ -4,6 +4,8 @@ Modes: ``"raw"`` keeps image bytes, ``"pil"`` gives ``PIL.Image`` (RGB), ``"rgb8
 ``uint8`` tensor of shape ``(3, H, W)``, or pass any callable ``f(bytes, extension) -> value``.
 Images decode through :mod:`~shardstream.streaming.decoding.images`, or through the crop-window
 fast path (:mod:`~shardstream.streaming.decoding.fastcrop`) for ``RandomResizedCrop`` transforms.
+Pixel members (``KEY.pixels.npy``, ``build --pixels``) are the image, already decoded
+(:mod:`~shardstream.streaming.decoding.pixelcrop`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.format import codecs
+from shardstream.format.pixels import is_pixels
 from shardstream.streaming.decoding.encoded import (
     CropDraw,
     EncodedImage,
@@ -22,6 +25,7 @@ from shardstream.streaming.decoding.encoded import (
 )
 from shardstream.streaming.decoding.fastcrop import CropDecoder, crop_decoder_for
 from shardstream.streaming.decoding.images import decode_image, min_side_of
+from shardstream.streaming.decoding.pixelcrop import pixel_image
 
 __all__ = ["DECODE_MODES", "SampleConverter", "split_sample"]
 
@@ -73,7 +77,7 @@ _ROLES: dict[str, int] = {}
 def _role(extension: str) -> int:
     if extension.startswith("__"):
         role = _META
-    elif codecs.is_image(extension):
+    elif codecs.is_image(extension) or is_pixels(extension):
         role = _IMAGE
     elif codecs.extension_of(extension) in codecs.LABEL_EXTENSIONS:
         role = _LABEL
@@ -99,10 +103,18 @@ def _decode_one(
         return data
     try:
         if callable(decode):  # users' decoders get bytes; ours take the reader's buffer too
+            if isinstance(decode, (CropDraw, KeepEncoded)) and is_pixels(extension):
+                raise ConfigError(
+                    f"{_where(sample)}: decode='cuda' takes encoded images, and this dataset "
+                    "stores pixels (build --pixels); pass decode='rgb8' (its transform then "
+                    "crops the pixels on the CPU without a decode)"
+                )
             ours = isinstance(decode, (CropDecoder, CropDraw, KeepEncoded))
             return decode(data if ours else bytes(data), extension)
         if decode not in DECODE_MODES:
             raise ConfigError(_unknown_mode(decode))
+        if is_pixels(extension):
+            return pixel_image(data, decode)
         return decode_image(data, extension, decode, min_side)
     except ConfigError:
         raise

@@ -20,7 +20,8 @@ then resizes the crop on the ``uint8`` tensor (torch's antialiased bilinear ``ui
 and runs the remaining steps fused (:class:`FusedTail`: flips on ``uint8``, then
 ``ToDtype``/``Normalize`` as one multiply-add) when they are the usual ones. Pixels match the
 generic path within resampling rounding. Anything else (non-JPEG, other transforms, other
-interpolation) takes the generic path.
+interpolation) takes the generic path. Pixel members (``build --pixels``) skip the decode:
+the crop is drawn the same way and cut from their stored pixels (:mod:`.pixelcrop`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from typing import Any
 import numpy as np
 
 from shardstream.format import codecs
+from shardstream.format.pixels import is_pixels
 from shardstream.streaming.decoding import jpegcrop
 from shardstream.streaming.decoding.images import decode_image, decode_jpeg_rgb
+from shardstream.streaming.decoding.pixelcrop import crop_pixels
 
 __all__ = ["CropDecoder", "FusedTail", "crop_decoder_for", "fuse_tail"]
 
@@ -96,9 +99,15 @@ class CropDecoder:
         self.out_size = (int(height), int(width))
 
     def __call__(self, data: bytes, extension: str) -> Any:
-        """Decode, crop, resize and transform one image; the generic path for non-JPEGs."""
+        """Decode, crop, resize and transform one image; the generic path for non-JPEGs.
+
+        Pixel members (``build --pixels``) are not decoded: the crop is cut from their pixels
+        (:func:`.pixelcrop.crop_pixels`), drawn as for a JPEG of that size."""
         from PIL import Image
 
+        if is_pixels(extension):
+            pixels = crop_pixels(self.crop, self.out_size, data)
+            return self.rest(pixels) if self.tail is None else self.tail(pixels)
         image = None
         if codecs.extension_of(extension) in ("jpg", "jpeg"):
             image = Image.open(io.BytesIO(data))

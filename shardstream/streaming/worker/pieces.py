@@ -118,7 +118,7 @@ def _walk_piece(
     max_member_bytes: int,
 ) -> Iterator[Sample]:
     """Samples ``start..stop-1`` found by walking the shard from the last known offset."""
-    offsets = index.get(name) if index is not None else []
+    offsets = index.get(url) if index is not None else []  # by URL: names repeat across stores
     with ranges.lend(name) as stream:
         reader = open_tar(stream, url, max_member_bytes)
         ordinal = _position(reader, offsets, start)

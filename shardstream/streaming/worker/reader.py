@@ -97,7 +97,9 @@ class ShardReader:
         self._fields = FieldCache()
         self._kept: dict[int, np.ndarray] = {}  # a view's kept ordinals of recent shards
         self._specs: dict[int, ShardSpec] = {}  # recent shards' specs (a piece asks twice)
-        self._urls: dict[str, str] = {}  # recent shards' URLs without credentials
+        # Recent shards' URLs without credentials, by (source, name): a mixture's datasets (and
+        # merged roots) have shards of the same names.
+        self._urls: dict[tuple[int, str], str] = {}
         self._max_specs = settings.max_indexes
         self._announces = any(ranges.announces for ranges in self._ranges)
 
@@ -230,9 +232,9 @@ class ShardReader:
             end = len(offsets) - 1 if stop is None else min(stop, len(offsets) - 1)
             self.stats.bytes_read += int(offsets[end]) - int(offsets[min(first, end)])
         ranges = self._ranges[spec.store_index]
-        url = self._urls.get(spec.name)
+        url = self._urls.get((spec.store_index, spec.name))
         if url is None:
-            url = self._urls[spec.name] = ranges.store.shown(spec.name)
+            url = self._urls[spec.store_index, spec.name] = ranges.store.shown(spec.name)
         return open_piece(
             ranges, spec.name, first, stop, self._walked, offsets, settings.max_member_bytes,
             settings.memory_map, url,

@@ -1,0 +1,330 @@
+"""Pixel shards (``build --pixels``) read as images: crops drawn as for JPEGs, no decode, no copy,
+and every reading feature (workers, resume, random access, views, mixtures) as for JPEG shards."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import pathlib
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from PIL import Image
+from torchvision import tv_tensors
+from torchvision.transforms import v2
+
+from shardstream import (
+    ConfigError,
+    DecodeError,
+    GpuDecode,
+    RandomAccessDataset,
+    Stream,
+    StreamingDataLoader,
+    StreamingDataset,
+    StreamOptions,
+    build_shards,
+    make_view,
+)
+from shardstream.format.pixels import encode_pixels
+from shardstream.streaming.decoding.fastcrop import crop_decoder_for
+from shardstream.streaming.decoding.images import decode_image
+from shardstream.streaming.decoding.pixelcrop import crop_pixels, pixel_tensor
+from shardstream.streaming.mixture import stream_quotas
+from tests.conftest import encode_image
+from tests.ddp import exit_rank_cleanly
+from tests.streaming.conformance import assert_loader_resumes
+from tests.streaming.test_fastcrop import _photo
+
+SIZE = 16
+SIZES = [(40, 30), (30, 44), (36, 36), (50, 28)]
+
+
+def train_transform(size: int = SIZE) -> v2.Compose:
+    return v2.Compose(
+        [
+            v2.RandomResizedCrop(size, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+        ]
+    )
+
+
+def write_folder(root: pathlib.Path, num_images: int = 24, num_classes: int = 3) -> pathlib.Path:
+    """An ImageFolder of real JPEGs and PNGs of several sizes and aspects."""
+    for index in range(num_images):
+        folder = root / f"class_{index % num_classes}"
+        folder.mkdir(parents=True, exist_ok=True)
+        fmt = "PNG" if index % 5 == 4 else "JPEG"
+        data = encode_image(*SIZES[index % len(SIZES)], seed=index, fmt=fmt)
+        (folder / f"img_{index:04d}.{fmt.lower().replace('jpeg', 'jpg')}").write_bytes(data)
+    return root
+
+
+@pytest.fixture(scope="module")
+def pixel_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("pixels")
+    build_shards(
+        write_folder(root / "images"), root / "ds", pixels="short=24", max_samples_per_shard=5
+    )
+    return str(root / "ds")
+
+
+def _members(dataset: str) -> dict[str, bytes]:
+    """Every ``pixels.npy`` member of a dataset by key, read with the tarfile module."""
+    members = {}
+    for path in sorted(pathlib.Path(dataset).glob("shard-*.tar")):
+        with tarfile.open(path) as archive:
+            for member in archive:
+                key, _, extension = member.name.partition(".")
+                if extension == "pixels.npy":
+                    members[key] = archive.extractfile(member).read()  # type: ignore[union-attr]
+    return members
+
+
+def _stored(member: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(member), allow_pickle=False)
+
+
+def test_crops_are_drawn_as_the_jpeg_path_draws_them() -> None:
+    transform = train_transform(48)
+    decoder = crop_decoder_for(transform, "rgb8")
+    assert decoder is not None
+    for seed in range(8):
+        jpeg = _photo(120, 90, seed)
+        decoded = decode_image(jpeg, "jpg", "rgb8")  # (3, 90, 120)
+        member = encode_pixels(decoded.permute(1, 2, 0).numpy())
+        torch.manual_seed(seed)
+        from_jpeg, after_jpeg = decoder(jpeg, "jpg"), torch.rand(1)
+        torch.manual_seed(seed)
+        from_pixels, after_pixels = decoder(member, "pixels.npy"), torch.rand(1)
+        torch.manual_seed(seed)
+        generic = transform(tv_tensors.Image(decoded))  # torchvision on the decoded image
+        assert after_pixels == after_jpeg  # the same RNG draws, in the same number
+        assert from_pixels.shape == from_jpeg.shape == (3, 48, 48)
+        assert (from_pixels - from_jpeg).abs().mean() < 0.02, seed
+        torch.testing.assert_close(from_pixels, generic.as_subclass(torch.Tensor))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_crop_is_torchvisions_resized_crop_pixel_for_pixel(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    height, width = (int(side) for side in rng.integers(40, 300, 2))
+    stored = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    crop = v2.RandomResizedCrop((48, 64), scale=(0.02, 1.0), antialias=True)  # up and down
+    member = memoryview(bytearray(encode_pixels(stored)))
+    image = torch.from_numpy(stored).permute(2, 0, 1).contiguous()
+    for draw in range(10):
+        torch.manual_seed(draw)
+        params = crop.make_params([image])
+        torch.manual_seed(draw)
+        ours = crop_pixels(crop, (48, 64), member)
+        box = params["top"], params["left"], params["height"], params["width"]
+        expected = v2.functional.resized_crop(image, *box, [48, 64], antialias=True)
+        assert torch.equal(ours, expected), (seed, draw, box)
+
+
+def test_pixels_are_read_in_place_and_never_handed_out_shared() -> None:
+    stored = np.random.default_rng(0).integers(0, 256, (12, 20, 3), dtype=np.uint8)
+    buffer = bytearray(encode_pixels(stored))
+    view = pixel_tensor(memoryview(buffer))
+    address = np.frombuffer(buffer, np.uint8).ctypes.data
+    assert view.data_ptr() == address + 128  # a view of the reader's buffer: no copy
+    assert torch.equal(view, torch.from_numpy(stored).permute(2, 0, 1))
+    whole = v2.RandomResizedCrop((12, 20), scale=(1.0, 1.0), ratio=(20 / 12, 20 / 12))
+    out = crop_pixels(whole, (12, 20), memoryview(buffer))
+    assert torch.equal(out, view) and out.untyped_storage().data_ptr() != address + 128
+    out.zero_()
+    assert bytes(buffer) == encode_pixels(stored)  # the caller's tensor is its own
+    readonly = pixel_tensor(bytes(buffer))  # bytes are copied once, without torch's warning
+    assert torch.equal(readonly, view)
+
+
+def test_decode_modes_give_the_stored_pixels(pixel_dataset: str) -> None:
+    members = _members(pixel_dataset)
+    options = StreamOptions(output="dict")
+    for mode in ("rgb8", "pil", "raw"):
+        dataset = StreamingDataset(pixel_dataset, batch_size=None, decode=mode, options=options)
+        for sample in dataset:
+            stored = _stored(members[sample["__key__"]])
+            image = sample["image"]
+            if mode == "rgb8":
+                assert image.is_contiguous()
+                assert torch.equal(image, torch.from_numpy(stored).permute(2, 0, 1))
+            elif mode == "pil":
+                assert isinstance(image, Image.Image) and np.array_equal(np.asarray(image), stored)
+            else:
+                assert bytes(image) == members[sample["__key__"]]
+    center = v2.Compose([v2.CenterCrop(20), v2.ToDtype(torch.float32, scale=True)])
+    dataset = StreamingDataset(pixel_dataset, batch_size=4, decode="rgb8", transform=center)
+    images, labels = next(iter(dataset))
+    assert images.shape == (4, 3, 20, 20) and labels.shape == (4,)
+
+
+def test_the_device_decode_stage_refuses_pixels_with_the_alternative(pixel_dataset: str) -> None:
+    dataset = StreamingDataset(pixel_dataset, batch_size=4, decode=GpuDecode(device="cpu"),
+                               transform=train_transform())  # fmt: skip
+    with pytest.raises(ConfigError, match=r"stores pixels.*decode='rgb8'"):
+        next(iter(StreamingDataLoader(dataset)))
+
+
+def test_a_broken_member_names_shard_and_key_or_is_skipped(
+    pixel_dataset: str, tmp_path: pathlib.Path
+) -> None:
+    broken = tmp_path / "broken"
+    build_shards(write_folder(tmp_path / "images", 6), broken, pixels="short=24")
+    shard = broken / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    at = data.index(b"'descr': '|u1'")  # the first sample's pixel header: now 8-byte floats
+    data[at : at + 14] = b"'descr': '<f8'"
+    shard.write_bytes(bytes(data))
+    with tarfile.open(shard) as archive:
+        first = archive.getmembers()[0].name.partition(".")[0]
+    dataset = StreamingDataset(
+        str(broken), batch_size=None, decode="rgb8", shuffle=False, transform=train_transform()
+    )
+    with pytest.raises(DecodeError, match=rf"shard-000000\.tar: key '{first}'.*pixels\.npy"):
+        list(dataset)
+    skipping = StreamingDataset(
+        str(broken),
+        batch_size=None,
+        decode="rgb8",
+        shuffle=False,
+        transform=train_transform(),
+        on_error="skip",
+    )
+    assert len(list(skipping)) == 5
+
+
+def test_workers_read_exact_epochs_and_resume_exactly(pixel_dataset: str) -> None:
+    def make() -> StreamingDataLoader:
+        dataset = StreamingDataset(
+            pixel_dataset,
+            batch_size=4,
+            seed=3,
+            decode="rgb8",
+            transform=train_transform(),
+            options=StreamOptions(output="dict"),
+        )
+        return StreamingDataLoader(dataset, num_workers=2)
+
+    loader = make()
+    keys = set(_members(pixel_dataset))
+    for _ in range(2):
+        batches = list(loader)
+        assert all(batch["image"].shape == (4, 3, SIZE, SIZE) for batch in batches)
+        seen = [key for batch in batches for key in batch["__key__"]]
+        assert sorted(seen) == sorted(keys)  # every sample once per epoch
+    assert_loader_resumes(make, key=lambda batch: tuple(batch["__key__"]), num_points=1)
+
+
+def test_seeded_runs_draw_the_same_crops_in_workers(pixel_dataset: str) -> None:
+    def images(workers: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)  # the DataLoader seeds its workers' RNGs from the default one
+        dataset = StreamingDataset(
+            pixel_dataset,
+            batch_size=4,
+            seed=5,
+            decode="rgb8",
+            transform=train_transform(),
+            options=StreamOptions(output="dict"),
+        )
+        loader = StreamingDataLoader(dataset, num_workers=workers)
+        return {k: img for b in loader for k, img in zip(b["__key__"], b["image"], strict=True)}
+
+    first, again = images(2), images(2)
+    assert first.keys() == again.keys()
+    assert all(torch.equal(first[key], again[key]) for key in first)
+
+
+def test_random_access_by_key_gives_the_stored_pixels(pixel_dataset: str) -> None:
+    members = _members(pixel_dataset)
+    plain = RandomAccessDataset(pixel_dataset, decode="rgb8", options=StreamOptions(output="dict"))
+    cropped = RandomAccessDataset(pixel_dataset, decode="rgb8", transform=train_transform())
+    assert len(plain) == len(members)
+    for position, key in enumerate(sorted(members)):
+        stored = torch.from_numpy(_stored(members[key])).permute(2, 0, 1)
+        assert torch.equal(plain.by_key(key)["image"], stored)
+        image, label = cropped[position]
+        assert image.shape == (3, SIZE, SIZE) and label in (0, 1, 2)
+
+
+def test_views_and_mixtures_with_jpeg_shards(pixel_dataset: str, tmp_path: pathlib.Path) -> None:
+    keys = sorted(_members(pixel_dataset))[::3]
+    make_view(pixel_dataset, tmp_path / "view", keys=keys)
+    view = StreamingDataset(
+        str(tmp_path / "view"),
+        batch_size=None,
+        decode="rgb8",
+        transform=train_transform(),
+        options=StreamOptions(output="dict"),
+    )
+    samples = list(view)
+    assert sorted(sample["__key__"] for sample in samples) == keys
+    assert {tuple(sample["image"].shape) for sample in samples} == {(3, SIZE, SIZE)}
+
+    jpegs = tmp_path / "jpegs"
+    build_shards(write_folder(tmp_path / "images", 12), jpegs, max_samples_per_shard=4)
+    streams = [Stream(pixel_dataset, proportion=0.5), Stream(str(jpegs), proportion=0.5)]
+    mixed = StreamingDataset(
+        streams,
+        epoch_size=20,
+        batch_size=4,
+        seed=2,
+        decode="rgb8",
+        transform=train_transform(),
+        options=StreamOptions(output="dict"),
+    )
+    loader = StreamingDataLoader(mixed, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == 5 and {b["image"].shape for b in batches} == {(4, 3, SIZE, SIZE)}
+    counts = collections.Counter(url.rpartition("/")[0] for b in batches for url in b["__url__"])
+    quotas = stream_quotas([24, 12], [0.5, 0.5], [None, None], 20)
+    assert [counts[pixel_dataset], counts[str(jpegs)]] == quotas  # each stream's exact share
+
+
+def _rank_epochs(rank: int, dataset: str, store: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        ds = StreamingDataset(
+            dataset,
+            batch_size=4,
+            seed=2,
+            decode="rgb8",
+            transform=train_transform(),
+            options=StreamOptions(output="dict"),
+        )
+        loader = StreamingDataLoader(ds, num_workers=2)
+        epochs = []
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            batches = list(loader)
+            assert all(batch["image"].shape == (4, 3, SIZE, SIZE) for batch in batches)
+            epochs.append([key for batch in batches for key in batch["__key__"]])
+        pathlib.Path(out, f"{rank}.json").write_text(json.dumps(epochs))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    exit_rank_cleanly()
+
+
+@pytest.mark.slow
+def test_ranks_split_pixel_epochs_exactly(pixel_dataset: str, tmp_path: pathlib.Path) -> None:
+    mp.spawn(
+        _rank_epochs,
+        args=(pixel_dataset, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=True,
+    )
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    keys = sorted(_members(pixel_dataset))
+    for epoch in range(2):
+        first, second = ranks[0][epoch], ranks[1][epoch]
+        assert len(first) == len(second) == 12  # equal batches on every rank
+        assert sorted(first + second) == keys  # together, every sample once
+    assert ranks[0][0] != ranks[0][1]  # a new order each epoch
