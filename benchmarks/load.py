@@ -4,8 +4,8 @@ One ImageFolder tree of realistic JPEGs (default 20,000 images, 100 classes) is 
 shardstream (shuffled, and class-ordered for the shuffle-quality row). Every row runs one epoch in
 a fresh child process, batch 64, with 0 and 2 workers, in two modes: "raw" (bytes, no decode) and
 "train" (decode + RandomResizedCrop(224) + flip + float tensor normalised with ImageNet's mean and
-std); raw mode also runs shardstream with ``memory_map=False`` and with the whole-shard order of
-0.2 (what the default order's mixing costs). "limit" decodes and transforms
+std); raw mode also runs shardstream with ``memory_map=False`` and with the whole-shard
+order (what the default order's mixing costs). "limit" decodes and transforms
 bytes already in memory in a tight loop (one core; scaled by the worker count for ratios). Peak
 memory is the sum of RSS over the process and its DataLoader workers, sampled; it counts shared
 memory in every process that maps it, and the page-cache pages of memory-mapped shards. CPU
@@ -50,12 +50,12 @@ from _measure import BATCH, PeakRss, cpu_seconds
 from _spdl import run_spdl_epoch, spdl_version
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-#: The order of shardstream 0.2: whole shards, 64 lanes of 64 samples (less mixed, fewer reads).
+#: The whole-shard order: whole shards, 64 lanes of 64 samples (less mixed, fewer reads).
 WHOLE_SHARDS = {"chunk_size": 0, "num_open": 64, "piece_size": 64}
 LABELS = {
     "shardstream-fastjpeg": "shardstream[fastjpeg]",
     "shardstream-read": "shardstream, memory_map=False",
-    "shardstream-shards": "shardstream, whole shards (0.2's order)",
+    "shardstream-shards": "shardstream, whole-shard order",
     "shardstream-stats": "shardstream, stats=True",
     "shardstream-threads": "shardstream, threads",
     "dali": "DALI CPU",

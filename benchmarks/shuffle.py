@@ -16,7 +16,7 @@ written position. Figures, each the mean over ``--seeds`` loader seeds:
 Rows: a random permutation and no shuffle (computed, no loader), shardstream with its defaults
 (also at 0 and 8 workers, at 4 ranks x 2 workers with every rank's batches, for a two-dataset
 mixture, and on the same shards without a manifest), shardstream tuned (more lanes), shardstream
-with the whole-shard order of 0.2, the remote order's numbers applied to the shards on disk
+with the whole-shard order, the remote order's numbers applied to the shards on disk
 (1 rank, and 4 ranks x 2 workers), the same shards read from a real HTTP server (the project's
 Range-capable one on 127.0.0.1, ``_shuffle_remote.py``) with the defaults, so the loader picks
 its remote order itself (1 rank, and 4 ranks x 2 workers), and at 4 x 2 with the guide's short
@@ -194,7 +194,7 @@ def shardstream_rows(root: Path, data: tuple[np.ndarray, ...], per_shard: int, s
         ("shardstream, no manifest", pattern, {}),
         ("shardstream tuned (num_open=2048, piece_size=4)", dest,
          {"num_open": 2048, "piece_size": 4}),
-        ("shardstream, whole shards (0.2's order)", dest, WHOLE_SHARDS),
+        ("shardstream, whole-shard order", dest, WHOLE_SHARDS),
         ("shardstream, remote order (read from disk)", dest, remote_order(dest)),
         ("shardstream, remote order, 4 ranks x 2 workers", dest,
          {**remote_order(dest), "world": 4}),

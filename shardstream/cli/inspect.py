@@ -28,7 +28,7 @@ def add_inspect(subparsers: Any) -> None:
         "--at-version", dest="version", type=int, default=None, metavar="N",
         help="inspect version N of a dataset that grew (default: the newest)",
     )  # fmt: skip
-    parser.add_argument(  # the spelling before 0.2, which --version now means everywhere else
+    parser.add_argument(  # the earlier spelling, which --version now means everywhere else
         "--version", dest="version", type=int, action=DeprecatedFlag, help=argparse.SUPPRESS,
         replacement="--at-version",
     )  # fmt: skip

@@ -42,7 +42,7 @@ class StreamOptions:
             seeded random place of the dataset (see
             :mod:`shardstream.streaming.planning.chunkorder`), so shards written in class order
             still give every rank and worker the whole dataset's mix all epoch long. 0 reads
-            whole shards in a shuffled order (the order of releases before 0.3). None chooses
+            whole shards in a shuffled order (the earlier whole-shard order). None chooses
             from the dataset: a piece for indexed shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
             None chooses from the dataset: 64, or four pieces remotely.

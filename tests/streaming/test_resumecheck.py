@@ -95,7 +95,7 @@ def test_a_state_saved_before_the_count_existed_is_estimated(tmp_path: pathlib.P
     loader = _loader(root)
     list(loader)
     state = _take(loader, 2)
-    del state["global_batches"]  # as saved by shardstream 0.3
+    del state["global_batches"]  # as saved before the count was recorded
     restored = _loader(root)
     restored.load_state_dict(state)
     assert restored.position().global_batches == 17  # epoch 1 x 15 batches + 2

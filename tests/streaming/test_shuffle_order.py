@@ -70,7 +70,7 @@ def test_default_order_mixes_class_ordered_shards_like_a_permutation(
 
 
 def test_whole_shard_order_of_earlier_releases_mixes_less() -> None:
-    """The order that chunk_size=0 keeps (0.2's) is measurably worse: what this fixes."""
+    """The order that chunk_size=0 keeps (the whole-shard order) is measurably worse: what this fixes."""
     ratio, _, _ = _measure(1, 2, PlanOptions(seed=0, chunk_size=0, num_open=64, piece_size=64))
     assert ratio < 0.8
 
@@ -159,7 +159,7 @@ def test_states_of_the_whole_shard_order_resume_with_its_options(tmp_path: pathl
     old = StreamOptions(chunk_size=0, num_open=64, piece_size=64)
     loader = StreamingDataLoader(StreamingDataset(root, batch_size=4, options=old))
     state = loader.state_dict()
-    state["version"] = 3  # as shardstream 0.2 saved it: no chunk_size in the fingerprint
+    state["version"] = 3  # as format 3 saved it: no chunk_size in the fingerprint
     del state["fingerprint"]["chunk_size"]
     StreamingDataLoader(StreamingDataset(root, batch_size=4, options=old)).load_state_dict(state)
     fresh = StreamingDataLoader(StreamingDataset(root, batch_size=4))

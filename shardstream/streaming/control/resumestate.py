@@ -29,8 +29,8 @@ __all__ = [
 #: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
 VersionNumber = int | tuple[int, ...] | None
 
-#: 4: the epoch read in chunks (``chunk_size`` in the fingerprint, shardstream 0.3).
-#: 3: windows in closed form and plan layouts (shardstream 0.2): read as version 4 with
+#: 4: the epoch read in chunks (``chunk_size`` in the fingerprint).
+#: 3: windows in closed form and plan layouts, in the whole-shard order: read as version 4 with
 #: ``chunk_size=0``, so they continue exactly with the options of the order they were saved in.
 #: States of 2 and older were saved with another sample order and are refused.
 STATE_VERSION = 4
@@ -252,8 +252,8 @@ def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> N
         if any(saved.get(name) != current.get(name) for name in order):
             wanted = ", ".join(f"{name}={saved.get(name)!r}" for name in order)
             raise ConfigError(
-                "cannot resume: this state was saved by shardstream 0.2, which read whole "
-                "shards in a shuffled order; to finish its epoch exactly, pass "
+                "cannot resume: this state (format 3) was saved in the whole-shard order, "
+                "which read whole shards in a shuffled order; to finish its epoch exactly, pass "
                 f"StreamOptions({wanted}) (or start the epoch over without load_state_dict)"
             )
     for name in sorted(set(saved) | set(current)):

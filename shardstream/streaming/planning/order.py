@@ -61,7 +61,7 @@ class OrderChoice:
 
 
 #: Shards without an index, which can only be entered at their start: whole shards in a
-#: seeded order, 64 lanes of 64 samples (the order of releases before 0.3). Also the defaults
+#: seeded order, 64 lanes of 64 samples (the earlier whole-shard order). Also the defaults
 #: of :class:`PlanOptions`.
 WHOLE_SHARD_ORDER = OrderChoice(chunk_size=0, num_open=64, piece_size=64, block_size=64)
 #: Chunks per shard of counted shards without an index, at least (see :func:`unindexed_order`).

@@ -112,7 +112,7 @@ class Shape:
         if options.chunk_size > 0 and lanes:
             # Fewer lanes than asked for (a small part): longer pieces keep the window at
             # about num_open * piece_size samples, so it still mixes that many. (Whole-shard
-            # orders, chunk_size=0, keep the pieces of shardstream 0.2, whose states resume.)
+            # orders, chunk_size=0, keep the pieces of the whole-shard order, whose states resume.)
             piece *= max(1, options.num_open // lanes)
         return cls(
             length, layout, per_rank, unit, lanes, lane_units, piece, samples, batches,

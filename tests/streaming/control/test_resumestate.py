@@ -72,7 +72,7 @@ def test_the_pass_a_loader_posts_round_trips_through_json_values() -> None:
 
 
 def test_states_saved_by_earlier_releases_load() -> None:
-    # shardstream 0.2 (format 3): no chunks, no dataset versions, no global batch count.
+    # format 3 (the whole-shard order): no chunks, no dataset versions, no global batch count.
     release_02 = {
         "version": 3, "epoch": 1, "history": [], "plan": LAYOUT_DICT, "consumed_batches": 7,
         **LAYOUT_DICT, "fingerprint": {"seed": 0, "num_open": 64, "piece_size": 64},
