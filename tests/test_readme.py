@@ -32,8 +32,8 @@ ROOT = pathlib.Path(__file__).parent.parent
 PAGES = [
     "README.md", "docs/guides/build.md", "docs/guides/own-shards.md", "docs/guides/growing.md",
     "docs/guides/cleaning.md", "docs/guides/streaming.md", "docs/guides/gpu.md",
-    "docs/guides/mixtures.md", "docs/guides/evaluation.md", "docs/guides/resume.md",
-    "docs/guides/performance.md", "docs/guides/object-stores.md", "docs/development.md",
+    "docs/guides/pixels.md", "docs/guides/mixtures.md", "docs/guides/evaluation.md",
+    "docs/guides/resume.md", "docs/guides/performance.md", "docs/guides/object-stores.md", "docs/development.md",
     "docs/api/index.md",
 ]  # fmt: skip
 MARKER = re.compile(r"<!-- readme-test: not run \((?P<reason>[\w-]+)\) -->")
