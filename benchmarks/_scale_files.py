@@ -47,6 +47,7 @@ elapsed = time.perf_counter() - started
 print(json.dumps({"shards_per_s": count / elapsed, "rss_by_shards": marks}))
 """
 
+
 def run_code(code: str, *args: object, timeout: int = 1800) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,

@@ -189,18 +189,25 @@ def _print_table(results: dict, count: int, size: int) -> None:
     wds = results.get("webdataset", {}).get("seconds")
     mds = results.get("mosaic", {}).get("seconds")
     print(f"{count:,} images, {size / 1e6:,.0f} MB, {os.cpu_count()} CPUs\n")
-    print("| writer | time (s) | images/s | MB/s | vs tar | vs ShardWriter | vs MDSWriter | "
-          "peak RSS (MB) |")
+    print(
+        "| writer | time (s) | images/s | MB/s | vs tar | vs ShardWriter | vs MDSWriter | "
+        "peak RSS (MB) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row, result in results.items():
         seconds = result["seconds"]
         ratio_tar = f"{tar / seconds:.2f}x" if tar else "-"
         ratio_wds = f"{wds / seconds:.2f}x" if wds else "-"
         ratio_wds += f" | {mds / seconds:.2f}x" if mds else " | -"
-        rss = max(result["rss_mb"], result["child_rss_mb"]) if row != "tar" else result[
-            "child_rss_mb"]
-        print(f"| {row} | {seconds:.2f} | {count / seconds:,.0f} | {size / 1e6 / seconds:,.0f} | "
-              f"{ratio_tar} | {ratio_wds} | {rss:.0f} |")
+        rss = (
+            max(result["rss_mb"], result["child_rss_mb"])
+            if row != "tar"
+            else result["child_rss_mb"]
+        )
+        print(
+            f"| {row} | {seconds:.2f} | {count / seconds:,.0f} | {size / 1e6 / seconds:,.0f} | "
+            f"{ratio_tar} | {ratio_wds} | {rss:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -298,8 +298,13 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=64)
     parser.add_argument("--dups-samples", type=int, default=1_000_000, help="0 skips dups")
     parser.add_argument("--no-attach", dest="attach", action="store_false")
-    parser.add_argument("--dups-simulated", type=int, default=0, metavar="N",
-                        help="samples of the simulated dups row on Dask (e.g. 100000000)")
+    parser.add_argument(
+        "--dups-simulated",
+        type=int,
+        default=0,
+        metavar="N",
+        help="samples of the simulated dups row on Dask (e.g. 100000000)",
+    )
     parser.add_argument("--data", type=Path, default=DATA_ROOT / "clean-scale")
     args = parser.parse_args()
     if args.dups_samples:

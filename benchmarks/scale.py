@@ -118,8 +118,7 @@ def print_result(name: str, world: int, workers: int, result: dict) -> None:
             )
             if item["workers"]:
                 cell += (
-                    f"; worker PSS {item['worker_pss_mb']:.0f} MB "
-                    f"(USS {item['worker_uss_mb']:.0f})"
+                    f"; worker PSS {item['worker_pss_mb']:.0f} MB (USS {item['worker_uss_mb']:.0f})"
                 )
             cells.append(cell + f"; rank RSS {item['rank_rss_mb']:.0f} MB")
         print(f"| {row} | " + " | ".join(cells) + " |")

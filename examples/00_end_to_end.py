@@ -52,16 +52,27 @@ def main() -> None:
     started = time.perf_counter()
     manifest = build_shards(images, shards, max_samples_per_shard=64, workers=2, overwrite=True)
     verify_dataset(str(shards))
-    print(f"built {manifest.num_samples} samples into {len(manifest.shards)} shards "
-          f"({manifest.num_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.2f} s; verified")
+    print(
+        f"built {manifest.num_samples} samples into {len(manifest.shards)} shards "
+        f"({manifest.num_bytes / 1e6:.1f} MB) in {time.perf_counter() - started:.2f} s; verified"
+    )
 
-    train_transform = v2.Compose([
-        v2.RandomResizedCrop(128, antialias=True),
-        v2.RandomHorizontalFlip(),
-        v2.ToDtype(torch.float32, scale=True),
-    ])
-    ds = StreamingDataset(shards, shuffle=True, seed=0, decode="rgb8",
-                          transform=train_transform, batch_size=32, policy="drop")
+    train_transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(128, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+        ]
+    )
+    ds = StreamingDataset(
+        shards,
+        shuffle=True,
+        seed=0,
+        decode="rgb8",
+        transform=train_transform,
+        batch_size=32,
+        policy="drop",
+    )
     loader = StreamingDataLoader(ds, num_workers=2)
     ds.set_epoch(0)
     started = time.perf_counter()
@@ -72,8 +83,10 @@ def main() -> None:
         counts.update(labels.tolist())
     seconds = time.perf_counter() - started
     seen = sum(counts.values())
-    print(f"streamed {shapes.total()} batches ({seen} samples, {seen / seconds:.0f} samples/s): "
-          + ", ".join(f"{n} x {shape} {dtype}" for (shape, dtype), n in shapes.items()))
+    print(
+        f"streamed {shapes.total()} batches ({seen} samples, {seen / seconds:.0f} samples/s): "
+        + ", ".join(f"{n} x {shape} {dtype}" for (shape, dtype), n in shapes.items())
+    )
     print(f"samples per class: {dict(sorted(counts.items()))}")
     if seen != manifest.num_samples or len(counts) != len(manifest.class_names or ()):
         raise SystemExit(f"expected every one of {manifest.num_samples} samples exactly once")

@@ -34,8 +34,10 @@ def main() -> None:
     make_image_folder(images)
     manifest = build_shards(images, shards, max_samples_per_shard=30, seed=0, workers=2)
     verify_dataset(str(shards))
-    print(f"{manifest.num_samples} samples in {len(manifest.shards)} shards "
-          f"({manifest.num_bytes / 1e6:.2f} MB), classes {manifest.class_names}")
+    print(
+        f"{manifest.num_samples} samples in {len(manifest.shards)} shards "
+        f"({manifest.num_bytes / 1e6:.2f} MB), classes {manifest.class_names}"
+    )
     for shard in manifest.shards:
         print(f"  {shard.name}: {shard.num_samples} samples, {shard.num_bytes} bytes")
 

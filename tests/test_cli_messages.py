@@ -32,8 +32,21 @@ def dataset(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 def test_help_is_plain_text_and_the_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
-    commands = ["build", "inspect", "verify", "index", "view", "merge", "bench", "prune", "abandon",
-                "exclude", "compact", "dups", "attach"]
+    commands = [
+        "build",
+        "inspect",
+        "verify",
+        "index",
+        "view",
+        "merge",
+        "bench",
+        "prune",
+        "abandon",
+        "exclude",
+        "compact",
+        "dups",
+        "attach",
+    ]
     assert len(commands) == len(SUBCOMMANDS)
     for argv in (["--help"], *([command, "--help"] for command in commands)):
         with pytest.raises(SystemExit) as done:

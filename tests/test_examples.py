@@ -31,7 +31,11 @@ PRINTS = {
 def test_example_runs(script: pathlib.Path, tmp_path: pathlib.Path) -> None:
     env = {**os.environ, "SHARDSTREAM_EXAMPLE_DIR": str(tmp_path), "PYTHONWARNINGS": "error"}
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=240,
     )
     assert result.returncode == 0, f"{script.name} failed:\n{result.stdout}\n{result.stderr}"

@@ -34,8 +34,12 @@ def _install(tmp_path: pathlib.Path, update_status: int, install_fails: int) -> 
     """``(exit status, calls)`` of ``radosgw.sh install`` with the stubs."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    for name, body in {"apt-get": _APT_GET, "dpkg-query": _DPKG_QUERY,
-                       "id": "#!/bin/sh\necho 0\n", "ceph": "#!/bin/sh\necho ceph 16\n"}.items():
+    for name, body in {
+        "apt-get": _APT_GET,
+        "dpkg-query": _DPKG_QUERY,
+        "id": "#!/bin/sh\necho 0\n",
+        "ceph": "#!/bin/sh\necho ceph 16\n",
+    }.items():
         (stubs / name).write_text(body)
         (stubs / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_DIR": str(stubs),

@@ -33,8 +33,8 @@ PAGES = [
     "README.md", "docs/guides/build.md", "docs/guides/own-shards.md", "docs/guides/growing.md",
     "docs/guides/cleaning.md", "docs/guides/streaming.md", "docs/guides/gpu.md",
     "docs/guides/pixels.md", "docs/guides/mixtures.md", "docs/guides/evaluation.md",
-    "docs/guides/resume.md", "docs/guides/performance.md", "docs/guides/object-stores.md", "docs/development.md",
-    "docs/api/index.md",
+    "docs/guides/resume.md", "docs/guides/performance.md", "docs/guides/object-stores.md",
+    "docs/development.md", "docs/api/index.md",
 ]  # fmt: skip
 MARKER = re.compile(r"<!-- readme-test: not run \((?P<reason>[\w-]+)\) -->")
 
@@ -144,8 +144,7 @@ def test_every_code_block_runs_or_says_why_not(tmp_path: pathlib.Path) -> None:
         if reason is not None:
             assert reason in REASONS, f"{block['line']}: unknown reason {reason!r}"
             assert re.search(REASONS[reason], str(block["code"])), (
-                f"{block['line']}: marked not run ({reason}) but has no "
-                f"{REASONS[reason]!r}: run it"
+                f"{block['line']}: marked not run ({reason}) but has no {REASONS[reason]!r}: run it"
             )
     runs = [_prepared(block) for block in code if block["reason"] is None]
     for block in runs:  # checked before anything runs: a block that installs is never run here

@@ -65,8 +65,11 @@ def install() -> None:
 def _stop(dir_args: list[str]) -> None:
     done = _script("stop", *dir_args, timeout=STOP_TIMEOUT_S)
     if done.returncode != 0:
-        print(f"warning: {SCRIPT} stop {' '.join(dir_args)} failed (exit {done.returncode}); "
-              "check `pgrep -a ceph; pgrep -a radosgw`", file=sys.stderr)
+        print(
+            f"warning: {SCRIPT} stop {' '.join(dir_args)} failed (exit {done.returncode}); "
+            "check `pgrep -a ceph; pgrep -a radosgw`",
+            file=sys.stderr,
+        )
 
 
 @contextlib.contextmanager
@@ -84,8 +87,10 @@ def radosgw(dir: str | os.PathLike[str] | None = None) -> Iterator[dict[str, str
     if started.returncode != 0:
         # The script has already stopped its daemons and kept the folder for its logs, or
         # (exit 4) found someone else's running cluster there, which is not ours to stop.
-        raise RuntimeError(f"{SCRIPT} start {' '.join(dir_args)} failed "
-                           f"(exit {started.returncode}); its messages and log paths are above")
+        raise RuntimeError(
+            f"{SCRIPT} start {' '.join(dir_args)} failed "
+            f"(exit {started.returncode}); its messages and log paths are above"
+        )
     try:
         lines = started.stdout.strip().splitlines()
         info: dict[str, str] = json.loads(lines[-1])
@@ -106,8 +111,9 @@ def client(info: dict[str, str]) -> Any:
         aws_secret_access_key=info["aws_secret_access_key"],
         region_name=info["region"],
         # Path-style: virtual-host style would need DNS for BUCKET.127.0.0.1.
-        config=Config(s3={"addressing_style": "path"}, max_pool_connections=16,
-                      retries={"max_attempts": 3}),
+        config=Config(
+            s3={"addressing_style": "path"}, max_pool_connections=16, retries={"max_attempts": 3}
+        ),
     )
 
 
@@ -132,6 +138,7 @@ def daemon_rss_mib(info: dict[str, str]) -> dict[str, float]:
 
 def _get_all(s3: Any, bucket: str, keys: list[str], threads: int) -> tuple[int, float]:
     """GET every key whole, on ``threads`` threads; return (bytes, seconds)."""
+
     def get(key: str) -> int:
         return len(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
@@ -146,8 +153,12 @@ def main() -> None:
     parser.add_argument("--dir", help="cluster state folder (default: radosgw.sh's)")
     parser.add_argument("--objects", type=int, default=8, help="objects to GET (default 8)")
     parser.add_argument("--size-mib", type=int, default=64, help="object size (default 64)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="times each object is read per measurement (default 2)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each object is read per measurement (default 2)",
+    )
     args = parser.parse_args()
     size = args.size_mib * MIB
     bucket = "bench"
@@ -174,8 +185,10 @@ def main() -> None:
         for key, body in zip(keys, bodies, strict=True):
             s3.put_object(Bucket=bucket, Key=key, Body=body)
         put_s = time.perf_counter() - start
-        print(f"PUT of {len(keys)} x {args.size_mib} MiB, one thread: "
-              f"{len(keys) * size / 1e6 / put_s:.0f} MB/s")
+        print(
+            f"PUT of {len(keys)} x {args.size_mib} MiB, one thread: "
+            f"{len(keys) * size / 1e6 / put_s:.0f} MB/s"
+        )
         del bodies
         _get_all(s3, bucket, keys, 4)  # warm-up: connections, and whatever the OSD caches
 
@@ -188,8 +201,11 @@ def main() -> None:
             print(f"| {threads} | {total / 1e6 / seconds:,.0f} | {seconds:.2f} |")
 
         rss = daemon_rss_mib(info)
-        print("\ndaemon RSS (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())
-              + f", total {sum(rss.values()):.0f}")
+        print(
+            "\ndaemon RSS (MiB): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in rss.items())
+            + f", total {sum(rss.values()):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -102,8 +102,7 @@ def _base(store: Store) -> Manifest:
     base = read_manifest(store)
     if base.view is not None:
         raise ConfigError(
-            f"{store.shown()}: is a view; exclude from its source dataset, then make the view "
-            "again"
+            f"{store.shown()}: is a view; exclude from its source dataset, then make the view again"
         )
     return base
 

@@ -151,15 +151,19 @@ def _reason(path: str, text: str, declared: Mapping[str, Any]) -> str:
     if invalid:
         field, value = _csv_header(path)[int(invalid.group(1))], invalid.group(3)
         line = _line_of(path, lambda row: value in row.split(","))
-        return (f"column {field!r} is declared {declared.get(field, invalid.group(2))} but "
-                f"{_at(line)} holds {value!r}; fix that row, or declare another type")
+        return (
+            f"column {field!r} is declared {declared.get(field, invalid.group(2))} but "
+            f"{_at(line)} holds {value!r}; fix that row, or declare another type"
+        )
     changed = re.search(r"Column\(/([^)]*)\) changed from (\w+) to (\w+)", text)
     if changed:
         field = changed.group(1)
         if field in declared:
             line = _json_line_of(path, field, _json_kind_of(declared[field]))
-            return (f"field {field!r} is declared {declared[field]} but {_at(line)} holds a "
-                    "value of another kind; fix that row, or declare another type")
+            return (
+                f"field {field!r} is declared {declared[field]} but {_at(line)} holds a "
+                "value of another kind; fix that row, or declare another type"
+            )
         line = _json_line_of(path, field)
         return (f"field {field!r} is a {changed.group(2)} in one row and a {changed.group(3)} "
                 f"at {_at(line)}; give the field one type in every row (or declare its type: "

@@ -46,7 +46,6 @@ __all__ = [
 ]
 
 
-
 def version_name(version: int, suffix: str = "json") -> str:
     """``manifest.v000002.json`` (``suffix="shards"``: its shard table)."""
     return f"manifest.v{version:06d}.{suffix}"

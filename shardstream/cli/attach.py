@@ -37,7 +37,11 @@ def _run_attach(args: argparse.Namespace) -> int:
     before = read_manifest(args.dest, options)
     with counting(args.quiet, "shards", "writing fields") as progress:
         after = attach_columns(
-            args.dest, args.table, args.key, types=types, storage_options=options,
+            args.dest,
+            args.table,
+            args.key,
+            types=types,
+            storage_options=options,
             progress=progress,
         )
     if after.version == before.version:

@@ -63,8 +63,12 @@ def _run_bench(args: argparse.Namespace) -> int:
         )  # fmt: skip
         title = (f"{args.dataset}: batches of {args.batch_size}, {args.workers} workers, "
                  f"rank 0 of {args.ranks}, seed {args.seed}")  # fmt: skip
-        return _report(args, lambda progress: check_mix(
-            args.dataset, mix, stream_options=stream, progress=progress), title, format_mix_report)
+        return _report(
+            args,
+            lambda progress: check_mix(args.dataset, mix, stream_options=stream, progress=progress),
+            title,
+            format_mix_report,
+        )
     from shardstream.streaming.diagnostics.bench import BenchOptions, format_report, run_bench
 
     options = BenchOptions(
@@ -72,8 +76,12 @@ def _run_bench(args: argparse.Namespace) -> int:
         batches=args.batches, seconds=args.seconds, on_error=args.on_error,
     )  # fmt: skip
     title = f"{args.dataset}: {args.mode}, {args.workers} workers, batch {args.batch_size}"
-    return _report(args, lambda progress: run_bench(
-        args.dataset, options, stream_options=stream, progress=progress), title, format_report)
+    return _report(
+        args,
+        lambda progress: run_bench(args.dataset, options, stream_options=stream, progress=progress),
+        title,
+        format_report,
+    )
 
 
 def _report(

@@ -129,9 +129,7 @@ class DeprecatedFlag(argparse.Action):
         self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
         option_string: str | None = None,
     ) -> None:  # fmt: skip
-        print(
-            f"note: {option_string} is deprecated here; use {self.replacement}", file=sys.stderr
-        )
+        print(f"note: {option_string} is deprecated here; use {self.replacement}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 

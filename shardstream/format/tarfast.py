@@ -32,6 +32,7 @@ from shardstream.format.tarreader import Sample, TarReader
 
 __all__ = ["index_mismatch", "parse_plain_sample", "read_full_sample", "read_plain_sample"]
 
+
 def read_plain_sample(
     stream: IO[bytes], url: str, begin: int, end: int, max_member_bytes: int
 ) -> Sample | None:

@@ -152,4 +152,3 @@ def _restore_timm_info(
             with store.open_atomic_write(TIMM_INFO_NAME) as stream:
                 stream.write(timm_info_json(base, split).encode("utf-8"))
             return
-

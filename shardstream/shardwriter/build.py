@@ -95,9 +95,7 @@ def build_shards(
         # A bad source leaves DEST untouched.
         scanned = scan_source(source, options.on_error, progress)
         with destination_lock(store):
-            return _build_from_table(
-                scanned, os.fspath(source), store, options, executor, progress
-            )
+            return _build_from_table(scanned, os.fspath(source), store, options, executor, progress)
     with destination_lock(store):
         return _build_from_iterable(source, store, options, executor, progress)
 

@@ -60,7 +60,6 @@ def write_chunks(
     return results
 
 
-
 class Tracker:
     """Counts finished chunks' items and bytes and reports them to a progress callback."""
 

@@ -228,9 +228,7 @@ def load_chunk_records(state: Store, num_chunks: int) -> dict[int, ChunkResult]:
 
 def _part_present(dest: Store, state: Store, part: ShardInfo, final: str) -> bool:
     """The part exists with its recorded size (still in the state, or renamed to ``final``)."""
-    if part.index is not None and not (
-        state.exists(part.index) or dest.exists(index_name(final))
-    ):
+    if part.index is not None and not (state.exists(part.index) or dest.exists(index_name(final))):
         return False
     return _has_size(state, part.name, part.num_bytes) or _has_size(dest, final, part.num_bytes)
 

@@ -277,9 +277,12 @@ class Store:
             ...     f.write(b"...")
         """
         fs, path = self._path(name)
-        with redacterrors.redacting_errors(), self.backend(name).atomic_write(
-            fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
-        ) as stream:
+        with (
+            redacterrors.redacting_errors(),
+            self.backend(name).atomic_write(
+                fs, path, self.shown(name), part_size_bytes, self.read_options, self.secrets
+            ) as stream,
+        ):
             yield stream
 
     def create_exclusive(self, name: str, data: bytes) -> bool:

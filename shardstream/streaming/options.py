@@ -113,6 +113,7 @@ class StreamOptions:
 
     __repr__ = redacted_repr
 
+
 def with_storage_options(
     options: StreamOptions | None, storage_options: Mapping[str, Any] | None
 ) -> StreamOptions:

@@ -233,6 +233,8 @@ class EvaluationPart(torch.utils.data.Dataset):
         sample = self.dataset.raw(position % total)
         sample["__valid__"] = position < total
         return self.dataset.convert(sample)
+
+
 def _excluded_in(shards: ShardList, reader: ShardReader, key_hash: int) -> int | None:
     """The version that excluded a sample with ``key_hash`` (None: none did); reads the
     indexes of the shards with exclusions, so it is for a key that was not found."""

@@ -100,8 +100,7 @@ def _folder(module: str) -> tuple[str, str] | None:
 
 def test_every_folder_has_its_place_in_the_order() -> None:
     folders = {
-        (path.parent.parent.name, path.parent.name)
-        for path in PACKAGE.glob("*/*/__init__.py")
+        (path.parent.parent.name, path.parent.name) for path in PACKAGE.glob("*/*/__init__.py")
     }
     placed = {(package, folder) for package, order in FOLDER_ORDER.items() for folder in order}
     assert folders == placed

@@ -19,9 +19,7 @@ from tests.s3.test_s3_write import PART, uploads_in_progress
 FAST_RETRIES = ReadOptions(max_attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 
 
-def write(
-    url: str, options: dict[str, Any], data: bytes, piece: int = 300_000
-) -> None:
+def write(url: str, options: dict[str, Any], data: bytes, piece: int = 300_000) -> None:
     store = Store(url, options, FAST_RETRIES)
     with store.open_atomic_write("", part_size_bytes=PART) as stream:
         assert isinstance(stream, S3Upload), "S3 writes go through the plain client"

@@ -43,7 +43,8 @@ def _tree(root: pathlib.Path) -> dict[str, bytes]:
     return {
         str(path.relative_to(root)): path.read_bytes()
         for path in sorted(root.rglob("*"))
-        if path.is_file() and path.name != ".shardstream.lock"
+        if path.is_file()
+        and path.name != ".shardstream.lock"
         and not (path.parent == root and ".tmp-" in path.name)
     }
 
@@ -62,8 +63,13 @@ def test_compact_rewrites_only_shards_with_exclusions_and_prune_removes_the_byte
     manifest = compact_dataset(root)
     assert manifest.version == 3 and manifest.exclusions is None
     names = list(manifest.shards.names)
-    assert names == ["compacted/v000003/shard-000000.tar", "shard-000001.tar", "shard-000002.tar",
-                     "compacted/v000003/shard-000003.tar", "compacted/v000003/shard-000004.tar"]
+    assert names == [
+        "compacted/v000003/shard-000000.tar",
+        "shard-000001.tar",
+        "shard-000002.tar",
+        "compacted/v000003/shard-000003.tar",
+        "compacted/v000003/shard-000004.tar",
+    ]
     swapped = ("manifest.json", "_info.json")  # replaced, in one step each
     after = _tree(root)
     assert {name: after[name] for name in before if name not in swapped} == {

@@ -78,8 +78,21 @@ def fake_gcs_server() -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a fake-gcs-server keeping objects in memory."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [str(fake_gcs_binary()), "-scheme", "http", "-backend", "memory", "-host",
-               "127.0.0.1", "-port", str(port), "-external-url", url, "-log-level", "error"]
+    command = [
+        str(fake_gcs_binary()),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-external-url",
+        url,
+        "-log-level",
+        "error",
+    ]
     with _running(command, url + "/storage/v1/b", "fake-gcs-server"):
         yield url
 

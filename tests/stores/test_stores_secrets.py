@@ -108,7 +108,12 @@ def _fresh_bucket(endpoint_url: str) -> None:
 
 
 def _make_case(
-    name: str, moto: str, proxy: FaultProxy, http: RangeServer, gcs: str, closed: int,
+    name: str,
+    moto: str,
+    proxy: FaultProxy,
+    http: RangeServer,
+    gcs: str,
+    closed: int,
     denied: str,
 ) -> Case:
     s3_options = {"endpoint_url": moto, "key": ACCESS_KEY, "secret": planted("secret"),
@@ -271,8 +276,11 @@ def _entry_points(case: Case, images: pathlib.Path) -> dict[str, Callable[[], An
         "StreamingDataset": lambda: list(
             shardstream.StreamingDataset(case.url, options=stream_options)
         ),
-        "Stream": lambda: list(shardstream.StreamingDataset(
-            [shardstream.Stream(case.url, proportion=1.0, storage_options=options)])),
+        "Stream": lambda: list(
+            shardstream.StreamingDataset(
+                [shardstream.Stream(case.url, proportion=1.0, storage_options=options)]
+            )
+        ),
         "RandomAccessDataset": lambda: shardstream.RandomAccessDataset(
             case.url, options=stream_options
         )[0],
@@ -329,7 +337,6 @@ def test_azure_container_at_account_stays_valid() -> None:
     """``az://container@account.host/...`` names a container, it is no credential."""
     store = shardstream.Store("az://data@account.blob.core.windows.net/ds")
     assert store.backend().name == "azure"
-
 
 
 def test_a_dataloader_worker_failing_on_a_shard_shows_no_secret(

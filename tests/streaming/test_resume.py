@@ -127,7 +127,6 @@ def test_dataset_state_refuses_another_world_size(tmp_path: pathlib.Path) -> Non
         two.load_state_dict(state)
 
 
-
 @pytest.mark.parametrize("loader_args", WORKERS)
 def test_shards_without_a_manifest_resume_where_they_stopped(
     tmp_path: pathlib.Path, loader_args: dict

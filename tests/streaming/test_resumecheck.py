@@ -56,13 +56,19 @@ def test_the_position_counts_batches_of_every_epoch(tmp_path: pathlib.Path) -> N
 def test_a_dropped_or_foreign_state_fails_naming_both_positions(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 45, 7)
     state = _take(_loader(root), 9)
-    with pytest.raises(ResumeError, match=r"loader is at epoch 0, batch 0 of 15 \(0 batches in "
-                                          r"all\), but the trainer is at step 9 \(9 batches\)"):
+    with pytest.raises(
+        ResumeError,
+        match=r"loader is at epoch 0, batch 0 of 15 \(0 batches in "
+        r"all\), but the trainer is at step 9 \(9 batches\)",
+    ):
         check_position(_loader(root), 9)  # the state was never restored
     older = _loader(root)
     older.load_state_dict(_take(_loader(root), 5))  # another checkpoint's state
-    with pytest.raises(ResumeError, match=r"epoch 0, batch 5 of 15 .* step 3 x 3 batches per "
-                                          r"step \(9 batches\)"):
+    with pytest.raises(
+        ResumeError,
+        match=r"epoch 0, batch 5 of 15 .* step 3 x 3 batches per "
+        r"step \(9 batches\)",
+    ):
         check_position(older, 3, grad_accumulation=3)
     restored = _loader(root)
     restored.load_state_dict(state)

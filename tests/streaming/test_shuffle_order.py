@@ -69,8 +69,8 @@ def test_default_order_mixes_class_ordered_shards_like_a_permutation(
     assert -0.1 <= spearman <= 0.1
 
 
-def test_whole_shard_order_of_earlier_releases_mixes_less() -> None:
-    """The order that chunk_size=0 keeps (the whole-shard order) is measurably worse: what this fixes."""
+def test_the_whole_shard_order_mixes_less() -> None:
+    """The order that chunk_size=0 keeps (whole shards) is measurably worse: what chunks fix."""
     ratio, _, _ = _measure(1, 2, PlanOptions(seed=0, chunk_size=0, num_open=64, piece_size=64))
     assert ratio < 0.8
 

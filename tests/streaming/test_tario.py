@@ -268,11 +268,22 @@ def _headers_of_every_style() -> list[bytes]:
     names, directories and links among them."""
     from shardstream.format.tarheader import member_header
 
-    blocks = [member_header(name, size) for name, size in
-              [("a.jpg", 0), ("k/x.cls", 3), ("n" * 96 + ".jpg", 8**11 - 1), ("é.jpg", 5)]]
+    blocks = [
+        member_header(name, size)
+        for name, size in [
+            ("a.jpg", 0),
+            ("k/x.cls", 3),
+            ("n" * 96 + ".jpg", 8**11 - 1),
+            ("é.jpg", 5),
+        ]
+    ]
     for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
-        for name, kind in [("x.jpg", tarfile.REGTYPE), ("d/", tarfile.DIRTYPE),
-                           ("l.jpg", tarfile.SYMTYPE), ("p" * 120 + "/y.jpg", tarfile.REGTYPE)]:
+        for name, kind in [
+            ("x.jpg", tarfile.REGTYPE),
+            ("d/", tarfile.DIRTYPE),
+            ("l.jpg", tarfile.SYMTYPE),
+            ("p" * 120 + "/y.jpg", tarfile.REGTYPE),
+        ]:
             info = tarfile.TarInfo(name)
             info.type, info.size, info.mtime = kind, 12345 if kind == tarfile.REGTYPE else 0, 7
             with contextlib.suppress(ValueError):  # ustar refuses long names
@@ -291,8 +302,9 @@ def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
     for block in blocks:
         for _ in range(40):
             spot = rng.randrange(512)
-            damaged.append(block[:spot] + bytes([block[spot] ^ (1 << rng.randrange(8))])
-                           + block[spot + 1 :])
+            damaged.append(
+                block[:spot] + bytes([block[spot] ^ (1 << rng.randrange(8))]) + block[spot + 1 :]
+            )
     accepted = 0
     for block in blocks + damaged:
         quick = usual_header(block)

@@ -90,7 +90,7 @@ class ConnectionPool:
         with self._lock:
             idle = self._idle.get(origin)
             connection = idle.pop() if idle else None
-        for fresh in ((False, True) if connection is not None else (True,)):
+        for fresh in (False, True) if connection is not None else (True,):
             if fresh or connection is None:
                 connection = self._connect(origin)
             try:

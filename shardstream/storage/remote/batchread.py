@@ -24,9 +24,7 @@ _pool: ProcessLocal[ThreadPoolExecutor] = ProcessLocal(
 )
 
 
-def read_ranges(
-    store: Store, ranges: Sequence[tuple[str, int | None]]
-) -> list[bytes | OSError]:
+def read_ranges(store: Store, ranges: Sequence[tuple[str, int | None]]) -> list[bytes | OSError]:
     """Bytes ``[0, end)`` of each ``(name, end)`` (``end`` None: the whole object), or the
     ``OSError`` (``StorageError`` included) that reading it raised, in the order asked.
 

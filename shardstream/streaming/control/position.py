@@ -238,8 +238,10 @@ class LoaderPosition:
         """One line per rank: where the restored loader goes on, and what the epoch has left."""
         position = self.position(num_workers)
         context = self._control.context()
-        left = "" if position.epoch_length is None else (
-            f", {position.epoch_length - position.epoch_batches} batches left"
+        left = (
+            ""
+            if position.epoch_length is None
+            else (f", {position.epoch_length - position.epoch_batches} batches left")
         )
         logger.info(
             "rank %d of %d: loader restored at %s%s", context.rank, context.world_size,

@@ -93,7 +93,11 @@ def check_mix(
         stream_options or StreamOptions(), output="dict", rank=0, world_size=options.world_size
     )
     dataset = StreamingDataset(
-        source, seed=options.seed, decode="raw", batch_size=options.batch_size, options=stream,
+        source,
+        seed=options.seed,
+        decode="raw",
+        batch_size=options.batch_size,
+        options=stream,
         on_error=options.on_error,
     )
     wanted = options.batches

@@ -34,6 +34,7 @@ __all__ = ["LoaderStats", "bottleneck", "format_line"]
 
 logger = logging.getLogger("shardstream.stats")
 
+
 def bottleneck(stages: dict[str, float], stall_share: float | None) -> str:
     """``"consumer"`` when the loop rarely waits for data, else the slowest worker stage.
 

@@ -129,4 +129,3 @@ class ChunkSequence(BaseSequence):
                 runs.append(run._replace(position=start + run.position - inner))
             start = end
         return runs
-

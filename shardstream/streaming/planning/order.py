@@ -218,9 +218,7 @@ def choose_open_shards(facts: DatasetFacts, num_open: int | None = None) -> int:
     return _OPEN_SHARDS_LOCAL if facts.local else _OPEN_SHARDS_REMOTE
 
 
-def epoch_sequence(
-    counts: np.ndarray, seed: int, epoch: int, options: PlanOptions
-) -> BaseSequence:
+def epoch_sequence(counts: np.ndarray, seed: int, epoch: int, options: PlanOptions) -> BaseSequence:
     """A fresh epoch's sequence of a dataset with ``counts`` samples per shard.
 
     Whole shards in a seeded order when ``options.chunk_size`` is 0, else chunks of that many

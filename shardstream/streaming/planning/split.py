@@ -33,6 +33,7 @@ from shardstream.streaming.planning.sequence import last_at_most
 
 __all__ = ["Layout", "Shape", "samples_per_rank"]
 
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Ranks, DataLoader workers per rank, and samples per batch of each rank."""

@@ -76,8 +76,11 @@ def test_a_contiguous_read_announces_once_per_window() -> None:
     cursor, reader, _ = _cursor()
     calls = []
     real_prefetch = reader.prefetch
-    reader.prefetch = lambda pieces, group: calls.append(len(pieces)) or real_prefetch(  # type: ignore[method-assign]
-        pieces, group
+    reader.prefetch = lambda pieces, group: (
+        calls.append(len(pieces))
+        or real_prefetch(  # type: ignore[method-assign]
+            pieces, group
+        )
     )
     for step in range(20):
         list(cursor.read(step * 64, (step + 1) * 64))
