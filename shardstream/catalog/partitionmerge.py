@@ -1,7 +1,7 @@
 """Builds spread over an existing engine: one partition per task, then one merge.
 
 Spark's ``mapPartitions``, Ray Data's ``map_batches`` or a SLURM array task call
-:func:`~shardstream.shardwriter.write_partition` on their part of the samples; when all are
+:func:`~shardstream.write_partition` on their part of the samples; when all are
 done, :func:`merge_partitions` writes the dataset's manifest. Each partition is a complete small
 dataset in its own folder ``DEST/part-NNNNN`` (shards, indexes and a manifest written last, as
 ``build_shards`` writes them), so a task that is retried overwrites exactly its own shards and

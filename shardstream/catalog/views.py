@@ -63,7 +63,7 @@ def make_view(
         keys: Keep the samples with these keys.
         bounds: Keep the keys whose seeded draw lies in ``[low, high)`` (for splits).
         where: Keep the samples whose attached fields satisfy this predicate, e.g.
-            ``"aesthetic >= 5"`` (see :mod:`shardstream.catalog.whereview`).
+            ``"aesthetic >= 5"``.
         seed: Seed of the draw: the same seed always keeps the same keys.
         storage_options: fsspec options for remote URLs.
         progress: Called as ``progress(shards_done, shards)`` while the indexes are read.

@@ -57,8 +57,8 @@ def read_manifest(
     """Read ``manifest.json`` (and its shard table) from a dataset folder, URL prefix or store.
 
     A local shard table is memory-mapped, so every process that opens the dataset shares it.
-    This is the newest published version of a dataset that grew; older ones are read with
-    :func:`shardstream.catalog.versions.read_version`.
+    This is the newest published version of a dataset that grew; the datasets read older
+    ones with ``version=N``.
 
     Raises:
         ManifestNotFoundError: The folder has no manifest (an unfinished build, or a wrong path).

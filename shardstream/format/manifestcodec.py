@@ -9,13 +9,12 @@ Two forms, both read by this release:
 
 - format 1: the shards are listed in ``manifest.json`` itself (datasets of up to
   ``INLINE_MAX_SHARDS`` shards; older releases read these too);
-- format 2: ``manifest.json`` names a binary shard table (``manifest.shards``, see
-  :mod:`shardstream.format.shardtable`) written just before it, with its size and sha256. A
-  million shards then take about 40 MB instead of 200 MB of JSON, and open in milliseconds;
+- format 2: ``manifest.json`` names a binary shard table (``manifest.shards``) written just
+  before it, with its size and sha256. A million shards then take about 40 MB instead of
+  200 MB of JSON, and open in milliseconds;
 - format 3: either form, plus sidecars older releases do not know and must not ignore: the
-  samples a version excludes (``excluded``, see :mod:`shardstream.format.exclusions`) and
-  fields attached by key (``columns``, see :mod:`shardstream.format.columns`). A manifest
-  without them is still written as format 1 or 2, byte for byte as before.
+  samples a version excludes (``excluded``) and fields attached by key (``columns``). A
+  manifest without them is still written as format 1 or 2, byte for byte as before.
 
 Readers refuse versions they do not know instead of guessing.
 """
@@ -83,12 +82,12 @@ class Manifest:
             paths resolved against the dataset folder. Names stay relative to it.
         index_root: Where the shards' indexes are, when not in the dataset folder (a view
             uses its source dataset's).
-        view: For a view (a subset of another dataset, see :mod:`shardstream.catalog.views`),
-            the selection that keeps a sample; shard counts are the kept samples.
+        view: For a view (a subset of another dataset), the selection that keeps a sample;
+            shard counts are the kept samples.
         format_version: The format version it was read from (not compared: the same dataset
             may be written in either form).
-        version: The dataset version it describes: 1 for a build, one more for each append
-            (see :mod:`shardstream.catalog.versions`); a manifest without the field is version 1.
+        version: The dataset version it describes: 1 for a build, one more for each append; a
+            manifest without the field is version 1.
         exclusions: The stored samples this version leaves out (``shardstream exclude``), or
             None; shard counts are then of the kept samples.
         columns: Fields attached to the samples by key (``shardstream attach``), or None.

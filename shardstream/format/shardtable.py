@@ -33,8 +33,8 @@ class ShardInfo:
         num_bytes: Size of the shard file in bytes.
         sha256: Hex sha256 of the shard file's bytes, or None when not computed
             (``shardstream index --no-checksum``).
-        index: Name of the shard's byte-offset index (``"shard-000000.idx"``, see
-            :mod:`shardstream.format.shardindex`), or ``None`` when the shard has none.
+        index: Name of the shard's per-sample byte-offset index (``"shard-000000.idx"``), or
+            ``None`` when the shard has none.
     """
 
     name: str

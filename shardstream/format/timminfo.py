@@ -7,7 +7,7 @@ the file, timm needs the shards spelled out in ``split`` and refuses to train
 (``num_samples not specified``). Labels come from the ``.cls`` members, which shardstream
 writes as ASCII integers, and images from the first of ``jpg``, ``png``, ``webp``.
 
-:func:`~shardstream.shardwriter.build_shards` writes the file from the manifest, just before the
+:func:`~shardstream.build_shards` writes the file from the manifest, just before the
 manifest itself, so a finished dataset always has both. Its bytes depend only on the manifest's
 shard list (no timestamps, no paths, sorted keys), so a resumed or repeated build writes the
 same bytes. The one split is called ``"train"`` whatever the dataset holds: the name only has to
@@ -46,7 +46,7 @@ def timm_info_json(manifest: Manifest, split: str = TIMM_SPLIT) -> str:
             split as a shard pattern and never look it up in the file).
 
     Examples:
-        >>> from shardstream.format.manifest import ShardInfo
+        >>> from shardstream import ShardInfo
         >>> shards = (ShardInfo("shard-000000.tar", 5, 10240, "0" * 64),)
         >>> info = json.loads(timm_info_json(Manifest(shards=shards)))
         >>> info["splits"]["train"]["shard_lengths"], info["splits"]["train"]["num_samples"]
@@ -79,7 +79,7 @@ def write_timm_info(
     file, or to name the split otherwise (a rebuild with ``overwrite`` writes ``"train"`` again).
 
     Args:
-        dataset: The dataset folder, URL prefix or :class:`~shardstream.storage.Store`.
+        dataset: The dataset folder, URL prefix or :class:`~shardstream.Store`.
         manifest: The dataset's manifest.
         storage_options: Passed to fsspec when ``dataset`` is a URL.
         split: The split name, see :func:`timm_info_json`.
@@ -88,7 +88,7 @@ def write_timm_info(
         The URL of the file written.
 
     Examples:
-        >>> from shardstream.format.manifest import read_manifest
+        >>> from shardstream import read_manifest
         >>> write_timm_info("shards/val", read_manifest("shards/val"),
         ...                 split="validation")  # doctest: +SKIP
         'shards/val/_info.json'

@@ -16,7 +16,7 @@ ON_ERROR_CHOICES = ("raise", "skip")
 
 @dataclasses.dataclass(frozen=True)
 class BuildOptions:
-    """How :func:`~shardstream.shardwriter.build_shards` cuts, orders and encodes samples.
+    """How :func:`~shardstream.build_shards` cuts, orders and encodes samples.
 
     Attributes:
         max_samples_per_shard: Most samples in one shard (``None``: no limit but bytes).
@@ -44,7 +44,7 @@ class BuildOptions:
             ``quality`` or ``pixels`` decodes every image, so it finds it too).
         overwrite: Replace a different dataset or unfinished build already in DEST.
         append: Add the source's samples to the dataset in DEST as new shards after its
-            shards, and publish a new version of it (see :mod:`shardstream.shardwriter.append`).
+            shards, and publish a new version of it.
 
     Examples:
         >>> BuildOptions(max_samples_per_shard=1000, resize=256).reencodes

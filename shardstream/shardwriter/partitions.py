@@ -1,8 +1,7 @@
 """One partition of a build spread over an existing engine: :func:`write_partition`.
 
 Each task writes its samples as a complete small dataset in ``DEST/part-NNNNN``; when all are
-done, :func:`~shardstream.catalog.merge_partitions` writes the dataset's manifest over them (see
-:mod:`shardstream.catalog.partitionmerge`).
+done, :func:`~shardstream.merge_partitions` writes the dataset's manifest over them.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ def write_partition(
     """Write one partition's samples as shards into ``dest/part-NNNNN`` (replacing a retry's).
 
     Args:
-        samples: Sample dicts as :func:`~shardstream.shardwriter.build_shards` takes them
+        samples: Sample dicts as :func:`~shardstream.build_shards` takes them
             (``{"__key__": ..., "jpg": bytes, "cls": 3}``), in the order to write them.
         dest: The dataset folder or URL shared by all partitions.
         partition: This task's partition number (Spark's partition id, Ray's batch or block

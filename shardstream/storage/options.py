@@ -33,7 +33,7 @@ class ReadOptions:
         max_requests: The most background GETs in flight per process. Between the two, the
             count follows the store's measured first-byte latency (a GET that waits 30 ms for
             its first byte and then transfers for 10 ms needs 4x as many in flight to deliver
-            the same bytes per second; see :mod:`shardstream.storage.remote.latency`). Set both to
+            the same bytes per second). Set both to
             the same value for a fixed count.
         prefetch_bytes: Bytes of announced pieces (the streaming reader announces the pieces
             it will open next) fetched before they are opened, per process (S3); 0 turns

@@ -199,14 +199,14 @@ class Store:
 
         On object stores they are fetched in the background (at most
         ``read_options.prefetch_bytes`` ahead) and :meth:`open_read` of the same range takes
-        over the stream under way; ``group`` replaces its earlier announcements (drop them
-        with :func:`shardstream.storage.remote.hints.forget`). A no-op for local folders.
+        over the stream under way; ``group`` replaces its earlier announcements. A no-op for
+        local folders.
         """
         if ranges:
             self.backend(ranges[0][0]).prefetch(self, ranges, group)
 
     def ranges(self, max_idle: int = 64, max_map_bytes: int = DEFAULT_MAP_CACHE_BYTES) -> Ranges:
-        """A reader's byte ranges of this store's files (see :mod:`shardstream.storage.ranges`):
+        """A reader's byte ranges of this store's files:
         what a streaming worker asks for, one per pass. Close it when the pass ends.
 
         Args:

@@ -38,7 +38,7 @@ __all__ = ["StreamOptions", "StreamingDataset"]
 class StreamingDataset(torch.utils.data.IterableDataset):
     """Stream WebDataset shards into PyTorch with exact, equal and resumable epochs.
 
-    With a manifest (a folder written by :func:`shardstream.build_shards` or indexed by
+    With a manifest (a folder written by :func:`~shardstream.build_shards` or indexed by
     ``shardstream index``), every rank yields the same number of samples and batches per epoch,
     ``len()`` says how many (batches when ``batch_size`` is set, else samples, per rank), and a
     :class:`StreamingDataLoader` can resume mid-epoch, also at another world size. Without one
@@ -47,22 +47,20 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     Args:
         source: Dataset folder/URL with ``manifest.json``, a brace pattern of shard URLs, a
-            list of shard URLs, or a list of :class:`Stream` (a mixture, see
-            :mod:`shardstream.streaming.mixture`).
+            list of shard URLs, or a list of :class:`Stream` (a mixture).
         shuffle: Shuffle shard order and interleave pieces per epoch (seeded; see
             ``set_epoch``).
         seed: Seed of every random choice; identical on every rank.
         decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` (uint8 CHW tensor), ``f(bytes, ext)``,
-            or ``"cuda"`` / a :class:`~shardstream.streaming.decoding.gpudecode.GpuDecode`:
+            or ``"cuda"`` / a :class:`~shardstream.GpuDecode`:
             workers draw the crops and hand over encoded images, and the training process
             decodes and transforms them on the GPU (``StreamingDataLoader`` does it by itself;
             with another loader call ``ds.gpu_decode(batch)``). Without CUDA, ``"cuda"``
             decodes on the CPU in the workers, with the same transform and draws.
         transform: Applied to each decoded image (torchvision v2 transforms work). A v2
             ``Compose`` starting with ``RandomResizedCrop`` takes a faster path that draws the
-            crop first and decodes JPEGs at the lowest resolution that keeps it (see
-            :mod:`shardstream.streaming.decoding.fastcrop`); ``Resize`` first decodes at
-            reduced scale.
+            crop first and decodes JPEGs at the lowest resolution that keeps it; ``Resize``
+            first decodes at reduced scale.
         batch_size: Collate this many samples inside the workers (use ``DataLoader(...,
             batch_size=None)``); None yields single samples.
         policy: ``"pad"`` (every sample at least once, < world_size repeated), ``"drop"``
@@ -77,8 +75,7 @@ class StreamingDataset(torch.utils.data.IterableDataset):
         epoch_size: Samples per epoch over all ranks, for a mixture with proportions.
         version: Pin this version of a dataset that grows (``build_shards(..., append=True)``);
             None reads the newest published when the dataset is made. A resumed epoch reads
-            the version it began with either way (see
-            :mod:`shardstream.streaming.control.versionset`).
+            the version it began with either way.
         storage_options: Credentials and settings of a remote store (as for
             :func:`~shardstream.build_shards`); the same as ``StreamOptions(storage_options=...)``.
 
@@ -90,12 +87,11 @@ class StreamingDataset(torch.utils.data.IterableDataset):
 
     Versions: a dataset that grows is read at one version per epoch (``self.version``: the
     newest when the dataset was made, or ``version=N``); a resumed epoch reads the version its
-    state records, the next epoch ``self.version`` (see
-    :mod:`shardstream.streaming.control.versionset`). Under torch.distributed every rank reads
+    state records, the next epoch ``self.version``. Under torch.distributed every rank reads
     the version the job's first rank to make the dataset opened (posted to the process group's
     store; making a dataset is not a collective, so rank 0 may make one alone), and
     ``refresh_version`` or ``StreamOptions(follow_versions=True)`` move every rank to the
-    newest between epochs (see :mod:`shardstream.streaming.control.agreement`).
+    newest between epochs.
 
     Examples:
         >>> ds = StreamingDataset("data/train", seed=0, batch_size=256)  # doctest: +SKIP

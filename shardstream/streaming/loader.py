@@ -30,11 +30,11 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     it; at any other layout (elastic resume) the samples not yet consumed are dealt afresh,
     equally to every rank. Nothing is replayed: a worker starts at its next step.
     ``persistent_workers=True`` is fine. With ``decode="cuda"`` it decodes each batch on the GPU
-    as it hands it over (:class:`~shardstream.streaming.decoding.gpudecode.GpuDecode`), the next
+    as it hands it over (:class:`~shardstream.GpuDecode`), the next
     batch enqueued while the training step runs; the state counts only batches handed over.
 
     ``num_threads=N`` reads with N threads of the training process instead of worker
-    processes (:mod:`shardstream.streaming.loaderthreads`): each thread plays one worker, so
+    processes: each thread plays one worker, so
     the epoch, its order, the errors and skips and the state are those of ``num_workers=N``
     (a state saved with workers resumes with threads and back), while batches are handed over
     without a copy: raw images stay views of the shard files. Decoding and transforms release
@@ -122,8 +122,8 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         return self.num_threads or self.num_workers
 
     def stats(self) -> dict[str, Any]:
-        """Loader statistics as a plain dict (``StreamOptions(stats=True)``; see
-        :mod:`shardstream.streaming.diagnostics.stats`): samples/s, data stall, worker stage times.
+        """Loader statistics as a plain dict (``StreamOptions(stats=True)``): samples/s, data
+        stall, worker stage times.
 
         Raises:
             ConfigError: Statistics are off.
@@ -136,7 +136,7 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         """This rank's place in trainer terms: epoch, batches consumed in it and in all.
 
         After ``load_state_dict`` it is the restored place; check it against the trainer's
-        step with :func:`~shardstream.streaming.resumecheck.check_position`.
+        step with :func:`~shardstream.check_position`.
 
         Examples:
             >>> loader.position()  # doctest: +SKIP

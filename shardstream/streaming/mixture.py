@@ -29,7 +29,7 @@ class Stream:
     """One dataset of a mixture.
 
     Attributes:
-        source: Anything :class:`~shardstream.streaming.StreamingDataset` reads, with a
+        source: Anything :class:`~shardstream.StreamingDataset` reads, with a
             manifest (a dataset folder or URL): the counts make the proportions exact.
         proportion: Share of each epoch (of ``epoch_size``); relative, need not sum to 1.
         repeat: Samples per epoch as a multiple of the stream's size (0.5: half, 2.0: twice);

@@ -26,21 +26,19 @@ Output = Literal["pair", "dict"]
 
 @dataclasses.dataclass(frozen=True)
 class StreamOptions:
-    """Less common settings of :class:`~shardstream.streaming.StreamingDataset`.
+    """Less common settings of :class:`~shardstream.StreamingDataset`.
 
     Attributes:
         num_open: Lanes a worker stream reads from at once: each worker stream is read in
             windows of about ``num_open * piece_size`` samples whose pieces, from all over the
             rank's share of the epoch, come in a seeded random interleave. A batch holds
             samples from about ``min(batch, num_open)`` places, so keep it well above the batch
-            size. None chooses from the dataset (see
-            :mod:`shardstream.streaming.planning.order`): 512 for local indexed shards.
+            size. None chooses from the dataset: 512 for local indexed shards.
         piece_size: Longest run of consecutive samples read from one place of a shard (one
             read or memory map). Larger means fewer, larger reads (remote: ranged requests).
             None chooses from the dataset: 8 locally, at least 1 MiB of samples remotely.
         chunk_size: The epoch is read in chunks of this many consecutive samples, each from a
-            seeded random place of the dataset (see
-            :mod:`shardstream.streaming.planning.chunkorder`), so shards written in class order
+            seeded random place of the dataset, so shards written in class order
             still give every rank and worker the whole dataset's mix all epoch long. 0 reads
             whole shards in a shuffled order (the earlier whole-shard order). None chooses
             from the dataset: a piece for indexed shards, 0 without indexes.
@@ -63,8 +61,7 @@ class StreamOptions:
             or more than the rest of the shard, is a ``ShardFormatError`` (skipped and counted
             with ``on_error="skip"``), so a corrupt or hostile shard cannot exhaust memory.
         memory_map: Read local shards that have an index through copy-on-write memory maps
-            (no copy and no private memory per buffered sample; see
-            :mod:`shardstream.storage.backends.localmaps`): each shard is mapped whole on its
+            (no copy and no private memory per buffered sample): each shard is mapped whole on its
             first piece and kept for the pass (at most 2 GiB of shard files per reader), so the
             pages read count in the process's resident size until the pass ends; replace
             mapped shards by renaming, never in place (README, *Streaming*). False reads with
@@ -75,8 +72,7 @@ class StreamOptions:
         storage_options: fsspec options for remote URLs (a mixture's streams inherit them).
         read_options: Retries, read-ahead and cache for remote reads.
         stats: Count where the loader's time goes (storage, decode, transform, collate per
-            worker; the training loop's waits): ``StreamingDataLoader.stats()``, see
-            :mod:`shardstream.streaming.diagnostics.stats`. Off by default.
+            worker; the training loop's waits): ``StreamingDataLoader.stats()``. Off by default.
         stats_interval_s: With ``stats``, log a summary line on ``shardstream.stats`` this
             often (from ``StreamingDataLoader``); None logs nothing.
         follow_versions: Move to the newest published version of a dataset that grows at each

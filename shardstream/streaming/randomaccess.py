@@ -38,7 +38,7 @@ class RandomAccessDataset(torch.utils.data.Dataset):
     Args:
         source: A dataset folder or URL with a manifest (built, indexed, or a view).
         decode: ``"raw"`` bytes, ``"pil"``, ``"rgb8"`` or ``f(bytes, ext)``, as for
-            :class:`~shardstream.streaming.StreamingDataset`.
+            :class:`~shardstream.StreamingDataset`.
         transform: Applied to each decoded image.
         options: ``output``, ``allow_pickle``, ``max_member_bytes``, ``memory_map``, and
             ``storage_options``/``read_options`` for remote datasets.

@@ -28,8 +28,8 @@ def check_position(loader: Any, step: int, grad_accumulation: int = 1) -> Positi
     loop goes on; a fresh run passes with step 0.
 
     Args:
-        loader: A :class:`~shardstream.streaming.StreamingDataLoader`, or torchdata's
-            ``StatefulDataLoader`` over a :class:`~shardstream.streaming.StreamingDataset`.
+        loader: A :class:`~shardstream.StreamingDataLoader`, or torchdata's
+            ``StatefulDataLoader`` over a :class:`~shardstream.StreamingDataset`.
         step: The trainer's optimizer steps, restored from the same checkpoint (a loop that
             counts batches passes its batch count and ``grad_accumulation=1``).
         grad_accumulation: Batches per optimizer step.

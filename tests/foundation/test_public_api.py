@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -146,3 +147,18 @@ def test_every_public_name_is_in_the_api_reference() -> None:
 if __name__ == "__main__":
     SNAPSHOT.write_text(describe_public_api())
     print(f"wrote {SNAPSHOT}")
+
+
+def test_the_public_docstrings_name_public_paths_only() -> None:
+    """What the API reference renders (the public names' docstrings, their members' included)
+    sends no reader to an internal module."""
+    internal = re.compile(r"shardstream\.(?:catalog|cli|format|shardwriter|storage|streaming)\.")
+    found = []
+    for name in shardstream.__all__:
+        value = getattr(shardstream, name)
+        members = vars(value).values() if inspect.isclass(value) else ()
+        for item in (value, *members):
+            doc = getattr(item, "__doc__", None) if not isinstance(item, str) else None
+            if isinstance(doc, str) and internal.search(doc):
+                found.append(f"{name}: {internal.search(doc).group(0)}")  # type: ignore[union-attr]
+    assert found == []

@@ -2,7 +2,7 @@
 
 ``StreamingDataset(..., decode="cuda")`` (or ``decode=GpuDecode(...)``) makes the DataLoader
 workers hand over encoded images with their crops and flips already drawn (see
-:mod:`.encoded`); :class:`~shardstream.streaming.StreamingDataLoader` then decodes each batch
+:mod:`.encoded`); :class:`~shardstream.StreamingDataLoader` then decodes each batch
 on the GPU before handing it to the training step. A CUDA decoder cannot run in forked
 DataLoader workers, so it runs here, after the hand-off, on a stream of its own (see
 :mod:`.gpuorder`), one batch ahead of the training step.
@@ -37,7 +37,7 @@ class GpuDecode:
     Give it to a dataset as ``decode`` (``decode="cuda"`` is ``GpuDecode()``): workers then read
     the image sizes from the headers and draw each crop and flip with the transform's own
     parameters, on the same RNG and in the same order as the CPU path, and hand over the encoded
-    bytes. :class:`~shardstream.streaming.StreamingDataLoader` finishes each batch here; with
+    bytes. :class:`~shardstream.StreamingDataLoader` finishes each batch here; with
     another loader, call ``ds.gpu_decode(batch)`` on each batch.
 
     The transform is recognised as on the CPU fast path: a v2 ``Compose`` starting with bilinear
