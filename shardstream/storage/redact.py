@@ -45,6 +45,8 @@ _SECRET_NAME = re.compile(
 _SAFE_NAMES = frozenset({"endpoint_url", "region_name", "anon", "use_ssl", "requester_pays"})
 #: ``scheme://user:password@host`` -> ``scheme://***@host``.
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<info>[^/@\s]+)@")
+#: Schemes whose ``name@`` before the host is a container, not a user (Azure's).
+_CONTAINER_SCHEMES = frozenset({"az", "abfs", "abfss", "adl"})
 #: Query parameters of presigned URLs and SAS tokens.
 _QUERY_SECRET = re.compile(
     r"(?<=[?&])(?P<name>(?:x-amz-(?:signature|credential|security-token)|signature|sig|awsaccesskeyid"
@@ -96,6 +98,8 @@ def url_secrets(text: str) -> list[str]:
     found: list[str] = []
     for match in _USERINFO.finditer(str(text)):
         info = match.group("info")
+        if not _is_credential(match.group("scheme"), info):
+            continue
         # The password, not the user name alone (a common word would be masked everywhere).
         parts = [info, info.split(":", 1)[1]] if ":" in info else [info]
         for part in parts:
@@ -157,9 +161,20 @@ def known_secrets() -> tuple[str, ...]:
     return _KNOWN_ORDER[0]
 
 
+def _is_credential(scheme: str, info: str) -> bool:
+    """Whether a URL's ``info@`` is credentials: not in ``az://container@account...``, where it
+    names a container (a common word such as "data" would be masked in every message)."""
+    return ":" in info or scheme.lower().rstrip(":/") not in _CONTAINER_SCHEMES
+
+
+def _masked_userinfo(match: re.Match[str]) -> str:
+    scheme, info = match.group("scheme"), match.group("info")
+    return f"{scheme}{REDACTED if _is_credential(scheme, info) else info}@"
+
+
 def redact_url(url: str) -> str:
     """``url`` without userinfo (``user:pass@``) or signature-like query parameters."""
-    text = _USERINFO.sub(lambda m: m.group("scheme") + REDACTED + "@", str(url))
+    text = _USERINFO.sub(_masked_userinfo, str(url))
     return _QUERY_SECRET.sub(lambda m: m.group("name") + REDACTED, text)
 
 

@@ -10,7 +10,13 @@ import pytest
 
 from shardstream.errors import ConfigError, StorageError
 from shardstream.storage import Store
-from shardstream.storage.redact import redact_text, remember_secrets, secret_values, url_secrets
+from shardstream.storage.redact import (
+    redact_text,
+    redact_url,
+    remember_secrets,
+    secret_values,
+    url_secrets,
+)
 from shardstream.storage.redacterrors import redact_error
 
 
@@ -93,3 +99,15 @@ def test_options_objects_show_no_secret_in_their_repr() -> None:
     for shown in (repr(StreamOptions(storage_options=options)), repr(stream)):
         assert secret not in shown and "'secret': '***'" in shown
         assert "endpoint_url': 'http://127.0.0.1:9000'" in shown
+
+
+def test_an_azure_container_before_the_at_is_no_secret() -> None:
+    """``az://data@account...`` names the container "data": taking it for a secret masked the
+    word in every later message of the process ("***set state restored")."""
+    url = "az://data@account.blob.core.windows.net/ds"
+    assert url_secrets(url) == []
+    assert redact_url(url) == url
+    Store(url)  # remembers what it holds as secrets
+    assert redact_text("the dataset state was restored") == "the dataset state was restored"
+    assert url_secrets("az://user:hunter22@account/ds") == ["user:hunter22", "hunter22"]
+    assert redact_url("https://token1234@host/x") == "https://***@host/x"
