@@ -126,8 +126,9 @@ def test_no_import_runs_upwards_inside_a_package() -> None:
 #: ``shardstream build`` with ``shardwriter/build.py``).
 SHARED_NAMES = {"__init__.py", "__main__.py", "options.py"}
 
-#: The longest a module may be (the style asks for about 300).
-MAX_LINES = 330
+#: The longest a module may be: modules hold one concept whole (most land under ~500 lines),
+#: split by responsibility, never to meet a count (shared/STYLE.md).
+MAX_LINES = 700
 
 
 def test_no_two_library_modules_share_a_file_name() -> None:
