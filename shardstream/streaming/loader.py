@@ -80,7 +80,8 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
     def __repr__(self) -> str:
         return (
             f"StreamingDataLoader({self.dataset!r}, num_workers={self.num_workers}, "
-            f"persistent_workers={self.persistent_workers}, pin_memory={self.pin_memory})"
+            f"num_threads={self.num_threads}, persistent_workers={self.persistent_workers}, "
+            f"pin_memory={self.pin_memory})"
         )
 
     def __len__(self) -> int:
@@ -113,6 +114,11 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
                 yield item
         finally:  # a break or an error: the threads stop now, not when collected
             if threads is not None:
+                # The GPU stage's thread may be pulling from the threads: stop it first (a
+                # generator running on another thread cannot be closed).
+                close_outer = getattr(batches, "close", None)
+                if batches is not threads and close_outer is not None:
+                    close_outer()
                 threads.close()
         self._position.finish()
 

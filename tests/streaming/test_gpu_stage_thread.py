@@ -219,3 +219,26 @@ def test_the_loader_state_counts_only_batches_handed_out(tmp_path: pathlib.Path)
 def test_ahead_is_checked() -> None:
     with pytest.raises(ConfigError, match="ahead must be 0 or more"):
         GpuDecode(device="cpu", ahead=-1)
+
+
+def test_a_break_stops_the_stage_and_the_thread_loader_it_pulls_from(
+    images: pathlib.Path,
+) -> None:
+    """With ``num_threads`` the stage's thread pulls batches from the loader's threads; a
+    ``break`` used to close those while the stage's thread was inside them ('generator already
+    executing')."""
+
+    class Slow(StreamingDataset):
+        def __iter__(self) -> Iterator[Any]:
+            for batch in super().__iter__():
+                time.sleep(1.0)  # the stage's thread waits inside the thread loader
+                yield batch
+
+    dataset = Slow(
+        images, batch_size=4, transform=_crop_flip(), decode=GpuDecode(device="cpu", ahead=1)
+    )
+    batches = iter(StreamingDataLoader(dataset, num_threads=2))
+    next(batches)
+    time.sleep(0.3)
+    batches.close()  # what a break does
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardstream-")]
