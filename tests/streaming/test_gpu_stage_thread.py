@@ -241,4 +241,5 @@ def test_a_break_stops_the_stage_and_the_thread_loader_it_pulls_from(
     next(batches)
     time.sleep(0.3)
     batches.close()  # what a break does
-    assert not [t for t in threading.enumerate() if t.name.startswith("shardstream-")]
+    assert not _stage_threads()
+    assert not [t for t in threading.enumerate() if t.name.startswith("shardstream-worker-")]
