@@ -67,8 +67,8 @@ def link_pool(data: Path, per_shard: int, num_shards: int) -> Path:
 
 def simulate(data: Path, num_shards: int, per_shard: int) -> tuple[Path, float]:
     """The dataset ``sim-SxN`` (made once): its folder and the seconds making it took."""
-    from shardstream.format.manifest import Manifest, write_manifest
-    from shardstream.format.shardtable import NameColumn, ShardTable
+    from shardstream._format.manifest import Manifest, write_manifest
+    from shardstream._format.shardtable import NameColumn, ShardTable
 
     root = data / f"sim-{num_shards}x{per_shard}"
     marker = root / ".complete"

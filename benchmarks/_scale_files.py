@@ -13,7 +13,7 @@ from pathlib import Path
 MANIFEST_CODE = r"""
 import json, sys, time, resource
 import psutil
-from shardstream.format.manifest import read_manifest, write_manifest
+from shardstream._format.manifest import read_manifest, write_manifest
 root, out = sys.argv[1:3]
 started = time.perf_counter()
 manifest = read_manifest(root)
@@ -29,9 +29,9 @@ print(json.dumps({"read_s": read_s, "write_s": write_s, "rss_mb": rss,
 VERIFY_CODE = r"""
 import json, sys, time
 import psutil
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import check_shard
-from shardstream.storage import Store
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import check_shard
+from shardstream._storage import Store
 root, count = sys.argv[1], int(sys.argv[2])
 store = Store(root)
 manifest = read_manifest(store)
@@ -122,7 +122,7 @@ def print_manifests(roots: list[Path], args: argparse.Namespace) -> None:
         )
         print(f"| write {manifest['shards']:,} shards | {manifest['write_s']:.2f} | |")
     root = roots[0]
-    inspect_s = time_command(sys.executable, "-m", "shardstream.cli", "inspect", str(root))
+    inspect_s = time_command(sys.executable, "-m", "shardstream", "inspect", str(root))
     verify = run_code(VERIFY_CODE, root, args.verify_shards)
     print(f"| `shardstream inspect` ({root.name}) | {inspect_s:.2f} | |")
     marks = ", ".join(

@@ -85,7 +85,7 @@ def remote_runs(run: Callable[..., PeerRun], root: Path, seed: int,
     names = [name for name in ROWS if wanted(name)]
     if not names:
         return
-    from shardstream.storage import ReadOptions
+    from shardstream._storage import ReadOptions
 
     with served(root) as server:
         for name in names:

@@ -56,9 +56,9 @@ def run_row(row: str, root: Path, out: Path) -> dict:
 def _plan(root: Path) -> dict:
     """Scan a tree and plan its shards (what a build holds before it writes): the listing's
     size per file and the process's memory after the imports."""
-    from shardstream.shardwriter.options import BuildOptions
-    from shardstream.shardwriter.plan import plan_chunks
-    from shardstream.shardwriter.sources import scan_source
+    from shardstream.shardwriter._sources import scan_source
+    from shardstream.shardwriter._state import plan_chunks
+    from shardstream.shardwriter._tasks import BuildOptions
 
     with open("/proc/self/statm") as statm:
         imported_mb = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20

@@ -39,7 +39,7 @@ CACHE_BYTES = 16 << 30  # holds either dataset: the local order needs a stated l
 
 def epochs(url: str, cache: str | None) -> list[tuple[float, float]]:
     """``(samples/s, first batch s)`` of each epoch of ``url`` read raw."""
-    from shardstream.storage import ReadOptions
+    from shardstream._storage import ReadOptions
     from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 
     read = ReadOptions(cache_dir=cache, cache_max_bytes=CACHE_BYTES if cache else None)

@@ -49,8 +49,8 @@ def simulate(root: Path, num_shards: int, per_shard: int) -> float:
     import numpy as np
 
     from shardstream import build_shards
-    from shardstream.format.manifest import Manifest, write_manifest
-    from shardstream.format.shardtable import NameColumn, ShardTable
+    from shardstream._format.manifest import Manifest, write_manifest
+    from shardstream._format.shardtable import NameColumn, ShardTable
 
     started = time.perf_counter()
     for path in root.glob("manifest.v*"):  # a run before excluded: back to version 1
@@ -82,8 +82,8 @@ def simulate(root: Path, num_shards: int, per_shard: int) -> float:
 EXCLUDE_CODE = r"""
 import json, resource, sys, time
 import numpy as np
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.format.manifest import read_manifest
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._format.manifest import read_manifest
 root, how, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 total = read_manifest(root).num_samples
 rng = np.random.default_rng(0)
@@ -162,7 +162,7 @@ np.save(root + "/other.npy", other)
 DUPS_CODE = r"""
 import json, resource, sys, time
 import numpy as np
-from shardstream.catalog.dups import find_duplicates
+from shardstream._catalog.dups import find_duplicates
 root = sys.argv[1]
 started = time.perf_counter()
 report = find_duplicates([root + "/train", root + "/test"], keys_out=root + "/keys.txt")
@@ -180,8 +180,8 @@ print(json.dumps({"seconds": seconds, "groups": report.groups, "expected": int((
 ATTACH_CODE = r"""
 import json, resource, sys, time
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-from shardstream.catalog.attach import attach_columns
-from shardstream.format.manifest import read_manifest
+from shardstream._catalog.attach import attach_columns
+from shardstream._format.manifest import read_manifest
 root = sys.argv[1]
 import os, pathlib, shutil
 train = pathlib.Path(root, "train")
@@ -221,9 +221,9 @@ print(json.dumps({"samples_per_s": samples / (time.perf_counter() - started),
 SIM_BUILD = r"""
 import json, os, sys
 import numpy as np
-from shardstream.format.manifest import Manifest, write_manifest
-from shardstream.format.shardindex import decode_index, encode_offsets
-from shardstream.format.shardtable import NameColumn, ShardTable
+from shardstream._format.manifest import Manifest, write_manifest
+from shardstream._format.shardindex import decode_index, encode_offsets
+from shardstream._format.shardtable import NameColumn, ShardTable
 real, root, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 info = json.loads(open(real + "/manifest.json").read())["shards"][0]
 per = info["num_samples"]
@@ -271,7 +271,7 @@ SIM_RUN = r"""
 import json, resource, sys, time, warnings
 warnings.filterwarnings("ignore")
 import distributed
-from shardstream.catalog.dups import find_duplicates
+from shardstream._catalog.dups import find_duplicates
 root, work = sys.argv[1], sys.argv[2]
 cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                    dashboard_address=None)

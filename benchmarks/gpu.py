@@ -52,7 +52,7 @@ def shardstream_batches(row: str, paths: dict, workers: int):  # type: ignore[no
     """(images on the GPU, labels) batches of one epoch, per call of the returned function."""
 
     from shardstream.streaming import StreamingDataLoader, StreamingDataset
-    from shardstream.streaming.decoding.gpudecode import GpuDecode
+    from shardstream.streaming._decoding.gpudecode import GpuDecode
 
     decode = {"cpu": "pil", "gpu": "cuda", "gpu-torchvision": GpuDecode(backend="torchvision")}
     ds = StreamingDataset(
@@ -175,9 +175,9 @@ def check_pixels(paths: dict, count: int = 128) -> None:
     from torchvision.transforms import v2
     from torchvision.transforms.v2 import functional
 
-    from shardstream.streaming.decoding.encoded import EncodedBatch, crop_draw_for
-    from shardstream.streaming.decoding.gpubackends import decode_with_pillow
-    from shardstream.streaming.decoding.gpudecode import GpuDecode
+    from shardstream.streaming._decoding.encoded import EncodedBatch, crop_draw_for
+    from shardstream.streaming._decoding.gpubackends import decode_with_pillow
+    from shardstream.streaming._decoding.gpudecode import GpuDecode
 
     transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
     draw = crop_draw_for(transform)

@@ -152,7 +152,7 @@ def run_epoch(row: str, mode: str, workers: int, paths: dict, epochs: int = 1) -
     start = time.perf_counter()
     loader = make_loader(row, mode, workers, paths, epochs)
     if row == "shardstream-stats":  # the training loop's side of the statistics too
-        from shardstream.streaming.diagnostics.stats import LoaderStats
+        from shardstream.streaming._diagnostics.stats import LoaderStats
 
         loader = LoaderStats(loader.dataset).watch(loader)
     first, count = None, 0

@@ -259,7 +259,7 @@ def measure(args: argparse.Namespace, source: Path, scratch: str) -> dict[str, A
 
 
 def _dataset_bytes(url: str, options: dict | None) -> int:
-    from shardstream.format.manifest import read_manifest
+    from shardstream._format.manifest import read_manifest
 
     return int(read_manifest(url, options).num_bytes)
 

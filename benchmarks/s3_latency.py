@@ -157,7 +157,7 @@ def plain_loop(info: dict[str, str], endpoint: str, prefix: str, threads: int) -
 def store_gets(args: tuple[tuple[dict[str, Any], str], list[tuple[str, int, int]], int]) -> int:
     """Bytes of ``ranges`` (``(key, start, end)``, the key's last part a file under ``root``)
     read through ``Store(root, options).open_read`` on ``threads`` threads."""
-    from shardstream.storage import Store
+    from shardstream._storage import Store
 
     (options, root), ranges, threads = args
     store = Store(root, options)
@@ -234,7 +234,7 @@ def _summary(row: Row) -> dict[str, float]:
 
 
 def _dataset_bytes(url: str, options: dict[str, Any]) -> int:
-    from shardstream.format.manifest import read_manifest
+    from shardstream._format.manifest import read_manifest
 
     return int(read_manifest(url, options).num_bytes)
 

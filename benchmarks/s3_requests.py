@@ -32,7 +32,7 @@ def main() -> None:
     source = imagenet_like(args.images, num_classes=max(1, args.images // 100))
     from torch.utils.data import DataLoader
 
-    from shardstream.format.manifest import read_manifest
+    from shardstream._format.manifest import read_manifest
     from shardstream.streaming import StreamingDataset, StreamOptions
     from tests.s3.faultproxy import FaultProxy
 

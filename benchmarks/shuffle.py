@@ -128,7 +128,7 @@ def train_accuracy(order: np.ndarray, data: tuple[np.ndarray, ...], seed: int) -
 
 
 def figures(run: PeerRun, data: tuple[np.ndarray, ...], seed: int) -> dict[str, float]:
-    from shardstream.streaming.diagnostics.mixmetrics import (
+    from shardstream.streaming._diagnostics.mixcheck import (
         distinct_per_batch,
         random_distinct,
         spearman,
@@ -163,8 +163,8 @@ def remote_order(dest: Path) -> dict[str, int]:
     """The order's numbers shardstream picks for these shards on an object store, as options:
     the same epoch order, read from disk (what a remote read adds is measured in
     benchmarks/stores.py)."""
-    from shardstream.catalog import resolve_source
-    from shardstream.streaming.planning.order import choose_order
+    from shardstream._catalog import resolve_source
+    from shardstream.streaming._planning.order import choose_order
 
     facts = resolve_source(str(dest))[1].facts()
     remote = dataclasses.replace(facts, local=False)

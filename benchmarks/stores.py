@@ -85,7 +85,7 @@ def build(args: argparse.Namespace) -> Path:
 
 def dataset_bytes(folder: Path) -> tuple[int, int]:
     """``(bytes, samples)`` of a built dataset, from its manifest."""
-    from shardstream.format.manifest import read_manifest
+    from shardstream._format.manifest import read_manifest
 
     manifest = read_manifest(str(folder))
     return int(manifest.num_bytes), int(manifest.num_samples)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from shardstream._format.manifest import Manifest, ShardInfo, read_manifest
+from shardstream._storage import ReadOptions, Store
 from shardstream._version import __version__
 from shardstream.errors import (
     ChecksumMismatchError,
@@ -32,11 +34,9 @@ from shardstream.errors import (
     SourceError,
     StorageError,
 )
-from shardstream.format.manifest import Manifest, ShardInfo, read_manifest
-from shardstream.storage import ReadOptions, Store
 
 if TYPE_CHECKING:
-    from shardstream.catalog import (
+    from shardstream._catalog import (
         IndexOptions,
         attach_columns,
         exclude_samples,
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
         merge_partitions,
         split_dataset,
     )
-    from shardstream.format.timminfo import write_timm_info
-    from shardstream.format.verify import verify_dataset
+    from shardstream._format.inspection import write_timm_info
+    from shardstream._format.verify import verify_dataset
     from shardstream.shardwriter import (
         BuildOptions,
         build_shards,
@@ -116,19 +116,19 @@ __all__ = [
 
 _LAZY = {
     "BuildOptions": "shardstream.shardwriter",
-    "attach_columns": "shardstream.catalog",
+    "attach_columns": "shardstream._catalog",
     "build_shards": "shardstream.shardwriter",
     "compact_dataset": "shardstream.shardwriter",
-    "exclude_samples": "shardstream.catalog",
-    "find_duplicates": "shardstream.catalog",
-    "IndexOptions": "shardstream.catalog",
-    "index_shards": "shardstream.catalog",
-    "make_view": "shardstream.catalog",
-    "merge_partitions": "shardstream.catalog",
-    "split_dataset": "shardstream.catalog",
+    "exclude_samples": "shardstream._catalog",
+    "find_duplicates": "shardstream._catalog",
+    "IndexOptions": "shardstream._catalog",
+    "index_shards": "shardstream._catalog",
+    "make_view": "shardstream._catalog",
+    "merge_partitions": "shardstream._catalog",
+    "split_dataset": "shardstream._catalog",
     "write_partition": "shardstream.shardwriter",
-    "verify_dataset": "shardstream.format.verify",
-    "write_timm_info": "shardstream.format.timminfo",
+    "verify_dataset": "shardstream._format.verify",
+    "write_timm_info": "shardstream._format.inspection",
     "LoaderPositionCheck": "shardstream.streaming",  # imports lightning when first used
     "LoaderStats": "shardstream.streaming",
     "GpuDecode": "shardstream.streaming",

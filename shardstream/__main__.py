@@ -2,6 +2,6 @@
 
 import sys
 
-from shardstream.cli import main
+from shardstream._cli import main
 
 sys.exit(main())

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from shardstream.cli import main, parse_size
+from shardstream._cli import main, parse_size
 
 
 def test_parse_size_accepts_units():
@@ -95,7 +95,7 @@ def test_resize_and_skip_flags(make_image_folder, tmp_path, capsys):
 
 
 def test_storage_option_values_are_json_when_they_parse():
-    from shardstream.cli import parse_storage_option
+    from shardstream._cli import parse_storage_option
 
     assert parse_storage_option("endpoint_url=http://127.0.0.1:9000") == (
         "endpoint_url",
@@ -140,7 +140,7 @@ def test_storage_options_reach_the_api_and_errors_hide_secrets(
 def test_log_lines_are_redacted():
     import logging
 
-    from shardstream.cli import _RedactingFormatter
+    from shardstream._cli import _RedactingFormatter
 
     formatter = _RedactingFormatter("%(message)s", [SECRET])
     record = logging.LogRecord(

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from shardstream import __version__
-from shardstream.cli import SUBCOMMANDS, main
-from shardstream.format.manifest import read_manifest
+from shardstream._cli import SUBCOMMANDS, main
+from shardstream._format.manifest import read_manifest
 from shardstream.shardwriter import build_shards
 from tests.conftest import write_image_folder
 from tests.streaming.shards import make_samples

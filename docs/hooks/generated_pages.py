@@ -24,7 +24,7 @@ def _help_text(parser: argparse.ArgumentParser) -> str:
 
 def cli_reference() -> str:
     """Markdown for every subcommand: its one-line summary, then its full help in a block."""
-    from shardstream.cli import make_parser
+    from shardstream._cli import make_parser
 
     parser = make_parser()
     parts = ["```text", _help_text(parser), "```"]

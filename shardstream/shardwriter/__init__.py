@@ -1,7 +1,7 @@
 """The shard writer: pack image folders, CSV/JSONL lists or sample iterables into tar shards.
 
 Indexing other tools' shards (:func:`index_shards`), views and merges live in
-:mod:`shardstream.catalog` and are re-exported here.
+:mod:`shardstream._catalog` and are re-exported here.
 
 Examples:
     >>> from shardstream.shardwriter import build_shards
@@ -10,15 +10,15 @@ Examples:
 
 from __future__ import annotations
 
-# The catalog's operations are also named here, where they were before shardstream.catalog.
-from shardstream.catalog.indexer import IndexOptions, index_shards
-from shardstream.catalog.partitionmerge import merge_partitions
-from shardstream.catalog.views import make_view, split_dataset
-from shardstream.format.verify import verify_dataset
-from shardstream.shardwriter.build import ProgressCallback, build_shards
-from shardstream.shardwriter.compact import compact_dataset
-from shardstream.shardwriter.options import BuildOptions
-from shardstream.shardwriter.partitions import write_partition
+from shardstream._catalog.execute import merge_partitions
+
+# The catalog's operations are also named here, where they were before shardstream._catalog.
+from shardstream._catalog.indexer import IndexOptions, index_shards
+from shardstream._catalog.views import make_view, split_dataset
+from shardstream._format.verify import verify_dataset
+from shardstream.shardwriter._build import ProgressCallback, build_shards, write_partition
+from shardstream.shardwriter._compact import compact_dataset
+from shardstream.shardwriter._tasks import BuildOptions
 
 __all__ = [
     "BuildOptions",

@@ -16,18 +16,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardstream.catalog.shardlist import ShardSpec, resolve_source
-    from shardstream.streaming.control.position import Position
-    from shardstream.streaming.dataset import StreamingDataset
-    from shardstream.streaming.decoding.gpudecode import GpuDecode
-    from shardstream.streaming.diagnostics.stats import LoaderStats
-    from shardstream.streaming.lightningcallback import LoaderPositionCheck
-    from shardstream.streaming.loader import StreamingDataLoader
-    from shardstream.streaming.mixture import Stream
-    from shardstream.streaming.options import StreamOptions
-    from shardstream.streaming.randomaccess import EvaluationPart, RandomAccessDataset
-    from shardstream.streaming.resumeaudit import AuditReport, ResumeAudit
-    from shardstream.streaming.resumecheck import check_position
+    from shardstream._catalog.shardlist import ShardSpec, resolve_source
+    from shardstream.streaming._checks import AuditReport, ResumeAudit, check_position
+    from shardstream.streaming._control.position import Position
+    from shardstream.streaming._dataset import StreamingDataset
+    from shardstream.streaming._decoding.gpudecode import GpuDecode
+    from shardstream.streaming._diagnostics.stats import LoaderStats
+    from shardstream.streaming._lightning import LoaderPositionCheck
+    from shardstream.streaming._loader import StreamingDataLoader
+    from shardstream.streaming._options import Stream, StreamOptions
+    from shardstream.streaming._randomaccess import EvaluationPart, RandomAccessDataset
 
 __all__ = [
     "AuditReport",
@@ -48,21 +46,21 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AuditReport": "shardstream.streaming.resumeaudit",
-    "EvaluationPart": "shardstream.streaming.randomaccess",
-    "GpuDecode": "shardstream.streaming.decoding.gpudecode",
-    "LoaderPositionCheck": "shardstream.streaming.lightningcallback",  # imports lightning
-    "LoaderStats": "shardstream.streaming.diagnostics.stats",
-    "Position": "shardstream.streaming.control.position",
-    "RandomAccessDataset": "shardstream.streaming.randomaccess",
-    "ResumeAudit": "shardstream.streaming.resumeaudit",
-    "check_position": "shardstream.streaming.resumecheck",
-    "ShardSpec": "shardstream.catalog.shardlist",
-    "Stream": "shardstream.streaming.mixture",
-    "StreamOptions": "shardstream.streaming.options",
-    "StreamingDataLoader": "shardstream.streaming.loader",
-    "StreamingDataset": "shardstream.streaming.dataset",
-    "resolve_source": "shardstream.catalog.shardlist",
+    "AuditReport": "shardstream.streaming._checks",
+    "EvaluationPart": "shardstream.streaming._randomaccess",
+    "GpuDecode": "shardstream.streaming._decoding.gpudecode",
+    "LoaderPositionCheck": "shardstream.streaming._lightning",  # imports lightning
+    "LoaderStats": "shardstream.streaming._diagnostics.stats",
+    "Position": "shardstream.streaming._control.position",
+    "RandomAccessDataset": "shardstream.streaming._randomaccess",
+    "ResumeAudit": "shardstream.streaming._checks",
+    "check_position": "shardstream.streaming._checks",
+    "ShardSpec": "shardstream._catalog.shardlist",
+    "Stream": "shardstream.streaming._options",
+    "StreamOptions": "shardstream.streaming._options",
+    "StreamingDataLoader": "shardstream.streaming._loader",
+    "StreamingDataset": "shardstream.streaming._dataset",
+    "resolve_source": "shardstream._catalog.shardlist",
 }
 
 

@@ -30,13 +30,13 @@ from shardstream import (
     make_view,
     read_manifest,
 )
-from shardstream.catalog.attach import attach_columns
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.catalog.versions import prune_versions
-from shardstream.format.verify import verify_dataset
-from shardstream.shardwriter.compact import compact_dataset
-from shardstream.storage import Store
-from shardstream.storage.backends.local import LocalBackend
+from shardstream._catalog.attach import attach_columns
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._catalog.versions import prune_versions
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
+from shardstream._storage.backends.local import LocalBackend
+from shardstream.shardwriter._compact import compact_dataset
 from tests.shardwriter.growth import write_day
 from tests.shardwriter.helpers import dataset_bytes, kill_at
 from tests.streaming.shards import keys_of, make_samples

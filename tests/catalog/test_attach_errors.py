@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardstream import ConfigError, RandomAccessDataset, StreamOptions, build_shards, read_manifest
-from shardstream.catalog.attach import attach_columns
-from shardstream.cli import main
+from shardstream._catalog.attach import attach_columns
+from shardstream._cli import main
 from tests.streaming.shards import make_samples
 
 

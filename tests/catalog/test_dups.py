@@ -15,10 +15,10 @@ import pytest
 import webdataset as wds
 
 from shardstream import build_shards, index_shards
-from shardstream.catalog.dups import find_duplicates
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.cli.exclude import read_key_lines
-from shardstream.format.shardindex import decode_index, encode_offsets
+from shardstream._catalog.dups import find_duplicates
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._cli.edit import read_key_lines
+from shardstream._format.shardindex import decode_index, encode_offsets
 from tests.conftest import encode_image
 from tests.daskcluster import dask_client
 
@@ -128,7 +128,7 @@ def test_dups_run_on_a_dask_cluster(built: pathlib.Path, tmp_path: pathlib.Path)
 
 def test_cli_dups_prints_groups_and_json(built: pathlib.Path, tmp_path: pathlib.Path) -> None:
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardstream.cli", "dups", *argv]
+        command = [sys.executable, "-m", "shardstream", "dups", *argv]
         return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
     text = run(str(built / "train"), str(built / "test"), "--keys-out", str(tmp_path / "k.txt"))

@@ -23,10 +23,10 @@ from shardstream import (
     make_view,
     read_manifest,
 )
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.catalog.versions import read_version
-from shardstream.format.verify import verify_dataset
-from shardstream.storage import Store
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._catalog.versions import read_version
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
 from shardstream.streaming import Stream
 from tests.shardwriter.helpers import dataset_bytes
 from tests.streaming.shards import keys_of, make_samples
@@ -181,7 +181,7 @@ def test_cli_exclude_inspect_and_keys_files(tmp_path: pathlib.Path) -> None:
     keys.write_text("s000003\ns000004\n\nnot-a-key\n")
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "shardstream.cli", *argv]
+        command = [sys.executable, "-m", "shardstream", *argv]
         return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
     done = run("exclude", str(root), "--keys", str(keys))

@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 import webdataset as wds
 
 from shardstream import ConfigError, RandomAccessDataset, SourceError, index_shards, read_manifest
-from shardstream.cli import main as cli_main
-from shardstream.format.verify import verify_dataset
+from shardstream._cli import main as cli_main
+from shardstream._format.verify import verify_dataset
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.ddp import exit_rank_cleanly
 from tests.streaming.shards import tiny_jpeg
@@ -166,7 +166,7 @@ def test_a_killed_index_goes_on_where_it_stopped(tmp_path: pathlib.Path) -> None
     shards = _webdataset_shards(tmp_path / "wds", per_shard=2)  # 19 shards
     opened: list[str] = []
     limit = [8]
-    from shardstream.catalog import indexer
+    from shardstream._catalog import indexer
 
     real = indexer._index_task
 

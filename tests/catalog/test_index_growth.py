@@ -10,11 +10,11 @@ import pytest
 import webdataset as wds
 
 from shardstream import index_shards, read_manifest
-from shardstream.catalog.versions import list_versions, read_version
+from shardstream._catalog.versions import list_versions, read_version
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
 from shardstream.errors import DatasetExistsError
-from shardstream.format.verify import verify_dataset
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 from tests.shardwriter.growth import write_day
 from tests.streaming.shards import tiny_jpeg
 
@@ -67,6 +67,6 @@ def test_index_refuses_a_listing_that_no_longer_starts_with_the_indexed_shards(t
 def test_index_refuses_a_built_dataset_and_names_append(tmp_path):
     dest = tmp_path / "ds"
     build_shards(write_day(tmp_path / "day1", 1), dest)
-    command = [sys.executable, "-m", "shardstream.cli", "index", str(dest)]
+    command = [sys.executable, "-m", "shardstream", "index", str(dest)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "--append" in done.stderr

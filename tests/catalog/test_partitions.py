@@ -22,7 +22,7 @@ from shardstream import (
     merge_partitions,
     read_manifest,
 )
-from shardstream.format.verify import verify_dataset
+from shardstream._format.verify import verify_dataset
 from tests.streaming.shards import keys_of, make_samples
 
 PER_PARTITION = 40

@@ -19,8 +19,8 @@ from typing import Any
 import fsspec
 import pytest
 
-from shardstream.catalog import index_shards, make_view, resolve_source
-from shardstream.cli import main
+from shardstream._catalog import index_shards, make_view, resolve_source
+from shardstream._cli import main
 from shardstream.errors import ConfigError, ShardNotFoundError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import (

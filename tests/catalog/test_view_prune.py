@@ -16,10 +16,10 @@ from shardstream import (
     build_shards,
     make_view,
 )
-from shardstream.catalog.attach import attach_columns
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.cli import main
-from shardstream.shardwriter.compact import compact_dataset
+from shardstream._catalog.attach import attach_columns
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._cli import main
+from shardstream.shardwriter._compact import compact_dataset
 from tests.streaming.shards import make_samples
 
 

@@ -19,9 +19,9 @@ from shardstream import (
     read_manifest,
     split_dataset,
 )
-from shardstream.format.keys import key_hash
-from shardstream.format.selection import key_draws
-from shardstream.format.verify import verify_dataset
+from shardstream._format.exclusions import key_draws
+from shardstream._format.keys import key_hash
+from shardstream._format.verify import verify_dataset
 from tests.shardwriter.helpers import dataset_bytes
 from tests.streaming.shards import keys_of, make_samples
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardstream import DecodeError, SourceError
-from shardstream.format.codecs import decode_member, encode_member, extension_of, is_image
+from shardstream._format.codecs import decode_member, encode_member, extension_of, is_image
 
 
 @pytest.mark.parametrize(

@@ -10,19 +10,18 @@ import pytest
 import webdataset as wds
 
 from shardstream import build_shards, index_shards
-from shardstream.errors import ChecksumMismatchError, ShardFormatError
-from shardstream.format.digests import sample_digest
-from shardstream.format.samples import iter_samples
-from shardstream.format.shardindex import (
+from shardstream._format.keys import sample_digest
+from shardstream._format.shardindex import (
     decode_index,
     encode_offsets,
     index_key_hashes,
     index_version,
 )
-from shardstream.format.tarreader import open_tar
-from shardstream.format.verify import verify_dataset
-from shardstream.storage import Store
-from shardstream.streaming.worker.indexes import IndexCache
+from shardstream._format.tarreader import iter_samples, open_tar
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
+from shardstream.errors import ChecksumMismatchError, ShardFormatError
+from shardstream.streaming._worker.pieces import IndexCache
 from tests.streaming.shards import tiny_jpeg
 
 

@@ -9,12 +9,10 @@ import tarfile
 import pytest
 
 from shardstream import SourceError, build_shards
-from shardstream.format.keys import split_key
-from shardstream.format.samples import iter_samples
-from shardstream.format.scan import scan_shard
-from shardstream.format.tarreader import open_tar
-from shardstream.format.verify import check_shard
-from shardstream.storage import Store
+from shardstream._format.keys import split_key
+from shardstream._format.tarreader import iter_samples, open_tar
+from shardstream._format.verify import check_shard, scan_shard
+from shardstream._storage import Store
 
 NAMES = ["a.b.c", "x.", "__MACOSX/._k.jpg", "k.jpg", "k.cls", ".hidden.jpg", "d/e.f.png", "noext"]
 
@@ -49,7 +47,7 @@ def test_the_reader_and_verify_group_names_by_the_same_rule(tmp_path: pathlib.Pa
         scan = scan_shard(stream, str(shard))
     assert scan.num_samples == len(samples) and scan.first_key == "a" and scan.last_key == "d/e"
     assert (scan.skipped_members, scan.stray_files) == (1, reader.stray_files)
-    from shardstream.format.manifest import ShardInfo
+    from shardstream._format.manifest import ShardInfo
 
     info = ShardInfo("other.tar", scan.num_samples, scan.num_bytes, scan.sha256)
     problems = check_shard(Store(str(tmp_path)), info)

@@ -23,7 +23,7 @@ import sys
 import shardstream
 
 PACKAGE = pathlib.Path(shardstream.__file__).parent
-FACTS = "shardstream.catalog.facts"
+FACTS = "shardstream._catalog.shardlist"
 
 #: Which top-level parts each part may import (besides itself and errors).
 ALLOWED = {
@@ -165,9 +165,9 @@ def _top_level(node: ast.AST) -> set[str]:
 def test_planning_and_format_need_no_torch_and_planning_no_storage() -> None:
     modules = _modules()
     for module, path in modules.items():
-        if module.startswith(("shardstream.streaming.planning", "shardstream.format")):
+        if module.startswith(("shardstream.streaming._planning", "shardstream._format")):
             assert "torch" not in _top_level(ast.parse(path.read_text())), module
-        if module.startswith("shardstream.streaming.planning"):
+        if module.startswith("shardstream.streaming._planning"):
             every = {
                 (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
                 for node in ast.walk(ast.parse(path.read_text()))
@@ -178,8 +178,8 @@ def test_planning_and_format_need_no_torch_and_planning_no_storage() -> None:
             assert "torch" not in every, module
             targets = _imports(path, set(modules))
             # catalog.facts is plain data (the dataset facts the order formulas take).
-            inside = ("shardstream.streaming.planning", "shardstream.errors", FACTS)
-            targets -= {"shardstream.catalog"}  # the lazy package __init__ on the way to facts
+            inside = ("shardstream.streaming._planning", "shardstream.errors", FACTS)
+            targets -= {"shardstream._catalog"}  # the lazy package __init__ on the way to facts
             assert all(target.startswith(inside) for target in targets), (module, targets)
 
 
@@ -194,7 +194,7 @@ def test_planning_is_io_free() -> None:
     """Planning holds formulas: no storage, no worker stages (run time), no I/O modules."""
     modules = _modules()
     for module, path in modules.items():
-        if not module.startswith("shardstream.streaming.planning"):
+        if not module.startswith("shardstream.streaming._planning"):
             continue
         tree = ast.parse(path.read_text())
         every = {
@@ -205,7 +205,7 @@ def test_planning_is_io_free() -> None:
             for alias in node.names
         }
         assert not every & IO_MODULES, (module, every & IO_MODULES)
-        runtime = ("shardstream.storage", "shardstream.streaming.worker")
+        runtime = ("shardstream.storage", "shardstream.streaming._worker")
         targets = _imports(path, set(modules))
         assert not [target for target in targets if target.startswith(runtime)], module
 
@@ -235,14 +235,14 @@ def test_no_module_imports_itself_in_a_cycle() -> None:
 
 
 def test_planning_and_format_import_where_torch_cannot() -> None:
-    planning = sorted(m for m in _modules() if m.startswith("shardstream.streaming.planning"))
-    formats = sorted(m for m in _modules() if m.startswith("shardstream.format"))
+    planning = sorted(m for m in _modules() if m.startswith("shardstream.streaming._planning"))
+    formats = sorted(m for m in _modules() if m.startswith("shardstream._format"))
     code = (
         "import sys; sys.modules['torch'] = None  # any 'import torch' now fails\n"
         "import importlib\n"
         f"for name in {planning + formats!r}: importlib.import_module(name)\n"
-        "import shardstream.format, shardstream.streaming.planning, shardstream.streaming\n"
-        "import shardstream.catalog.shardlist\n"
+        "import shardstream._format, shardstream.streaming._planning, shardstream.streaming\n"
+        "import shardstream._catalog.shardlist\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -250,8 +250,8 @@ def test_planning_and_format_import_where_torch_cannot() -> None:
 
 def test_pass_control_imports_neither_the_dataset_nor_the_loader() -> None:
     modules = _modules()
-    wiring = {"shardstream.streaming.dataset", "shardstream.streaming.loader"}
-    control = "shardstream.streaming.control"
+    wiring = {"shardstream.streaming._dataset", "shardstream.streaming._loader"}
+    control = "shardstream.streaming._control"
     wrong = [
         f"{module} -> {target}"
         for module, path in modules.items()
@@ -265,7 +265,7 @@ def test_only_the_context_reads_torch_distributed_and_the_worker_info() -> None:
     readers = ("get_worker_info", "torch.distributed", "is_initialized", "get_rank")
     found = []
     for module, path in _modules().items():
-        if module == "shardstream.streaming.control.context":
+        if module == "shardstream.streaming._control.context":
             continue
         code = "\n".join(
             line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")

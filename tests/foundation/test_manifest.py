@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from shardstream import ManifestError, ManifestNotFoundError
-from shardstream.format.manifest import (
+from shardstream._format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,

@@ -20,7 +20,7 @@ def test_every_exported_name_resolves() -> None:
 
 def test_importing_the_package_and_the_writer_does_not_import_torch() -> None:
     code = (
-        "import sys, shardstream, shardstream.shardwriter, shardstream.cli\n"
+        "import sys, shardstream, shardstream.shardwriter, shardstream._cli\n"
         "from shardstream import build_shards, ReadOptions, Manifest\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
     )

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from shardstream import ManifestError
-from shardstream.format import manifest as manifest_module
-from shardstream.format.manifest import Manifest, ShardInfo, read_manifest, write_manifest
-from shardstream.format.shardtable import NameColumn, ShardTable
-from shardstream.format.tablefile import decode_table, encode_table
+from shardstream._format import manifest as manifest_module
+from shardstream._format.manifest import Manifest, ShardInfo, read_manifest, write_manifest
+from shardstream._format.shardtable import NameColumn, ShardTable, decode_table, encode_table
 
 
 def _shards(count: int, names: str = "shard-{:06d}.tar", sha: bool = True) -> list[ShardInfo]:
@@ -96,7 +95,7 @@ def test_writing_a_table_refuses_a_shard_listed_twice(
 
 
 def test_indexed_shards_are_counted_from_the_column() -> None:
-    from shardstream.format.shardtable import ShardInfo, ShardTable
+    from shardstream._format.shardtable import ShardInfo, ShardTable
 
     mixed = [ShardInfo("a.tar", 1, 10, None, "a.idx"), ShardInfo("b.tar.gz", 1, 10, None),
              ShardInfo("c.tar", 1, 10, None, "c.idx")]  # fmt: skip

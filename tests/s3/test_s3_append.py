@@ -12,15 +12,16 @@ from typing import Any
 import fsspec
 import pytest
 
-from shardstream.catalog.versions import list_versions, publish_version, read_version
+from shardstream._catalog.versions import list_versions, publish_version, read_version
+from shardstream._format.manifest import Manifest, read_manifest
+from shardstream._format.shardtable import ShardInfo
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
+from shardstream._storage.backends.s3 import S3Backend
+from shardstream._storage.backends.s3client import S3Upload
 from shardstream.errors import DatasetExistsError
-from shardstream.format.manifest import Manifest, read_manifest
-from shardstream.format.shardtable import ShardInfo
-from shardstream.format.verify import find_problems
-from shardstream.shardwriter import build_shards, state
-from shardstream.storage import Store
-from shardstream.storage.backends.s3 import S3Backend
-from shardstream.storage.backends.s3upload import S3Upload
+from shardstream.shardwriter import _state as state
+from shardstream.shardwriter import build_shards
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET
 from tests.shardwriter.growth import write_day

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from shardstream._storage import ReadOptions, Store
 from shardstream.errors import StorageError
-from shardstream.storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 

@@ -18,8 +18,8 @@ from shardstream import (
     make_view,
     read_manifest,
 )
-from shardstream.catalog.versions import prune_versions
-from shardstream.storage import Store
+from shardstream._catalog.versions import prune_versions
+from shardstream._storage import Store
 from tests.s3.s3env import BUCKET
 from tests.streaming.shards import keys_of, tiny_jpeg
 

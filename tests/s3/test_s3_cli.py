@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from shardstream.cli import main
-from shardstream.format.manifest import read_manifest
+from shardstream._cli import main
+from shardstream._format.manifest import read_manifest
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import ACCESS_KEY, BUCKET, SECRET_KEY
 
@@ -54,9 +54,9 @@ def test_build_inspect_verify_on_s3(
 
 
 def cli_command(source: pathlib.Path, dest: str, endpoint_url: str) -> list[str]:
-    # `python -m shardstream.cli` is the `shardstream` console script, found without PATH.
+    # `python -m shardstream` is the `shardstream` console script, found without PATH.
     return [
-        sys.executable, "-m", "shardstream.cli", "-v", "build", str(source), dest,
+        sys.executable, "-m", "shardstream", "-v", "build", str(source), dest,
         "--max-samples-per-shard", "5", "--workers", "1", "-q", *s3_args(endpoint_url),
     ]  # fmt: skip
 

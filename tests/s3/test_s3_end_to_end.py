@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import ReadOptions, Store
+from shardstream._storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, SECRET_KEY
 

@@ -12,8 +12,8 @@ import fsspec
 import pytest
 
 from shardstream import build_shards
-from shardstream.format.verify import verify_dataset
-from shardstream.storage import Store
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 

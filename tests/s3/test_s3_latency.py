@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import ReadOptions, Store
-from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.remote import hints, prefetch
+from shardstream._storage import ReadOptions, Store
+from shardstream._storage.background import ProcessLocal
+from shardstream._storage.remote import prefetch
+from shardstream._storage.remote import prefetch as hints
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, payload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardstream import build_shards
-from shardstream.format.manifest import read_manifest
+from shardstream._format.manifest import read_manifest
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET

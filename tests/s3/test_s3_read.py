@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from shardstream._storage import ReadOptions, Store
 from shardstream.errors import StorageError
-from shardstream.storage import ReadOptions, Store
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, SECRET_KEY, payload
 
@@ -146,7 +146,7 @@ def test_secret_in_storage_options_never_leaks(
 
 
 def test_secrets_in_urls_are_redacted_from_messages() -> None:
-    from shardstream.storage import redact_options, redact_text
+    from shardstream._storage import redact_options, redact_text
 
     url = f"https://user:{SECRET_KEY}@host/b/k?X-Amz-Signature={SECRET_KEY}&part=1"
     assert redact_text(url) == "https://***@host/b/k?X-Amz-Signature=***&part=1"
@@ -285,8 +285,8 @@ def test_ranged_read_past_the_end_of_a_shorter_object(
 def test_receive_buffers_are_reused_across_gets(
     moto_fs: Any, storage_options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardstream.storage.processlocal import ProcessLocal
-    from shardstream.storage.remote import buffers
+    from shardstream._storage.background import ProcessLocal
+    from shardstream._storage.remote import buffers
 
     pool = buffers.ReceiveBuffers(max_bytes=64 * 2**20)
     monkeypatch.setattr(buffers, "RECEIVE_BUFFERS", ProcessLocal(lambda: pool))

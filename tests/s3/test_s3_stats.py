@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shardstream import StreamingDataLoader, StreamingDataset, StreamOptions, build_shards
-from shardstream.storage import ReadOptions
+from shardstream._storage import ReadOptions
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET
 from tests.streaming.shards import make_samples

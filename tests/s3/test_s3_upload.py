@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from shardstream._storage import ReadOptions, Store
+from shardstream._storage.backends.s3client import S3Upload
+from shardstream._storage.remote.retry import retries_in_process
 from shardstream.errors import StorageError
-from shardstream.storage import ReadOptions, Store
-from shardstream.storage.backends.s3upload import S3Upload
-from shardstream.storage.remote.retry import retries_in_process
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import BUCKET, SECRET_KEY
 from tests.s3.test_s3_write import PART, uploads_in_progress

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import Store
+from shardstream._storage import Store
 from tests.s3.s3env import BUCKET
 
 PART = 5 * 2**20  # S3's smallest part size
@@ -77,7 +77,7 @@ def test_killed_writer_leaves_no_visible_object(
     script = textwrap.dedent(
         f"""
         import sys, time
-        from shardstream.storage import Store
+        from shardstream._storage import Store
         store = Store({url!r}, {storage_options!r})
         with store.open_atomic_write("", part_size_bytes={PART}) as f:
             f.write(b"y" * {2 * PART + 10})

@@ -15,7 +15,7 @@ from typing import Any
 
 import webdataset as wds
 
-from shardstream.format.manifest import Manifest, read_manifest
+from shardstream._format.manifest import Manifest, read_manifest
 
 
 def shard_paths(dest: pathlib.Path) -> list[str]:

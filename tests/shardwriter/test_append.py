@@ -9,18 +9,18 @@ import sys
 
 import pytest
 
-from shardstream.catalog.versions import list_versions, prune_versions, read_version
-from shardstream.cli.common import human
+from shardstream._catalog.versions import list_versions, prune_versions, read_version
+from shardstream._cli.common import human
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
 from shardstream.errors import (
     ConfigError,
     DatasetExistsError,
     ManifestNotFoundError,
     SourceError,
 )
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import find_problems
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 
 from .growth import write_day
 from .helpers import dataset_bytes, read_with_webdataset
@@ -177,7 +177,7 @@ def test_view_records_the_version_it_was_made_from(grown, tmp_path):
 
 def test_cli_append_inspect_versions_and_prune(grown):
     dest, day2 = grown
-    cli = [sys.executable, "-m", "shardstream.cli"]
+    cli = [sys.executable, "-m", "shardstream"]
 
     def run(*args: str) -> str:
         done = subprocess.run([*cli, *args], capture_output=True, text=True, timeout=120)
@@ -207,7 +207,7 @@ def test_cli_append_inspect_versions_and_prune(grown):
 
 
 def test_append_to_a_dataset_with_a_binary_shard_table(grown, monkeypatch):
-    from shardstream.format import manifest as manifest_module
+    from shardstream._format import manifest as manifest_module
 
     dest, day2 = grown
     monkeypatch.setattr(manifest_module, "INLINE_MAX_SHARDS", 2)  # format 2 from 3 shards on
@@ -236,7 +236,7 @@ def test_finished_append_leaves_another_appends_unfinished_state_alone(grown, tm
 
 
 def test_pruning_version_1_of_a_binary_table_dataset_removes_its_table(tmp_path, monkeypatch):
-    from shardstream.format import manifest as manifest_module
+    from shardstream._format import manifest as manifest_module
 
     monkeypatch.setattr(manifest_module, "INLINE_MAX_SHARDS", 2)
     dest = tmp_path / "ds"

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
 from shardstream.errors import ConfigError, DatasetExistsError
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import find_problems
 from shardstream.shardwriter import build_shards
-from shardstream.shardwriter.abandon import abandon_append
-from shardstream.storage import Store
+from shardstream.shardwriter._append import abandon_append
 
 from .growth import write_day
 from .helpers import dataset_bytes
@@ -51,7 +51,7 @@ def _killed(days: dict[str, Any], tmp_path: pathlib.Path, point: str, nth: int) 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "shardstream.cli", *args]
+    command = [sys.executable, "-m", "shardstream", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 

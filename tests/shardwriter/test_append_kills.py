@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
-from shardstream.format import tarwriter
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import find_problems
-from shardstream.shardwriter import build_shards, state
-from shardstream.storage import Store
-from shardstream.storage.backends.local import LocalBackend
+from shardstream._format import tarformat as tarwriter
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
+from shardstream._storage.backends.local import LocalBackend
+from shardstream.shardwriter import _state as state
+from shardstream.shardwriter import build_shards
 
 from .growth import write_day
 from .helpers import dataset_bytes, kill_at
@@ -135,7 +136,7 @@ def test_two_appends_at_once_one_wins_the_other_is_refused(days, tmp_path):
     first = _in_child(_append_holding, days["day2"], dest, ready, go)
     assert ready.wait(60), "the first append never got to its shards"
     day3 = write_day(tmp_path / "day3", 3)
-    command = [sys.executable, "-m", "shardstream.cli", "build", str(day3), str(dest), "--append",
+    command = [sys.executable, "-m", "shardstream", "build", str(day3), str(dest), "--append",
                "--max-samples-per-shard", "2", "--resize", "16", "-q"]  # fmt: skip
     second = subprocess.run(command, capture_output=True, text=True, timeout=120)
     go.set()

@@ -8,8 +8,8 @@ import tarfile
 
 import pytest
 
+from shardstream._format.manifest import read_manifest
 from shardstream.errors import ManifestNotFoundError
-from shardstream.format.manifest import read_manifest
 from shardstream.shardwriter import BuildOptions, build_shards
 
 from .helpers import dataset_bytes, read_with_webdataset, tar_members

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 
 from shardstream import StreamingDataset, StreamOptions, build_shards, read_manifest
-from shardstream.catalog.exclude import exclude_samples
-from shardstream.catalog.versions import prune_versions
-from shardstream.format import tarwriter
-from shardstream.format.verify import find_problems, verify_dataset
-from shardstream.shardwriter.abandon import abandon_append
-from shardstream.shardwriter.compact import compact_dataset
-from shardstream.storage import Store
-from shardstream.storage.backends.local import LocalBackend
+from shardstream._catalog.exclude import exclude_samples
+from shardstream._catalog.versions import prune_versions
+from shardstream._format import tarformat as tarwriter
+from shardstream._format.verify import find_problems, verify_dataset
+from shardstream._storage import Store
+from shardstream._storage.backends.local import LocalBackend
+from shardstream.shardwriter._append import abandon_append
+from shardstream.shardwriter._compact import compact_dataset
 from tests.streaming.shards import keys_of, tiny_jpeg
 
 from .helpers import kill_at, read_with_webdataset

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
+from shardstream._format.shardindex import decode_offsets, encode_offsets, index_name
+from shardstream._format.tarreader import iter_samples, open_tar
+from shardstream._format.verify import verify_dataset
 from shardstream.errors import ChecksumMismatchError, ShardFormatError
-from shardstream.format.samples import iter_samples
-from shardstream.format.shardindex import decode_offsets, encode_offsets, index_name
-from shardstream.format.tarreader import open_tar
-from shardstream.format.verify import verify_dataset
-from shardstream.shardwriter import build_shards, state
+from shardstream.shardwriter import _state as state
+from shardstream.shardwriter import build_shards
 
 from .helpers import dataset_bytes
 

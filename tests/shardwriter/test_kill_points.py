@@ -22,9 +22,12 @@ from typing import Any
 
 import pytest
 
-from shardstream.format import tarwriter
-from shardstream.shardwriter import build, build_shards, sources, state
-from shardstream.storage.backends.local import LocalBackend
+from shardstream._format import tarformat as tarwriter
+from shardstream._storage.backends.local import LocalBackend
+from shardstream.shardwriter import _build as build
+from shardstream.shardwriter import _sources as sources
+from shardstream.shardwriter import _state as state
+from shardstream.shardwriter import build_shards
 
 from ..conftest import encode_image, write_image_folder
 from .helpers import dataset_bytes, kill_at
@@ -47,7 +50,7 @@ KILL_POINTS: dict[str, tuple[Any, str, Callable[[tuple], bool]]] = {
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardstream.cli", "build", *args, "--quiet"]
+    return [sys.executable, "-m", "shardstream", "build", *args, "--quiet"]
 
 
 def _run_to_completion(command: list[str]) -> None:

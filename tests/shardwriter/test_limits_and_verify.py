@@ -7,9 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
+from shardstream._format.tarformat import TarShardWriter, member_header
 from shardstream.errors import ChecksumMismatchError
-from shardstream.format.tarheader import member_header
-from shardstream.format.tarwriter import TarShardWriter
 from shardstream.shardwriter import build_shards, verify_dataset
 
 from ..conftest import encode_image

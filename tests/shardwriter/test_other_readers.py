@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from shardstream._format.inspection import TIMM_INFO_NAME, timm_info_json, write_timm_info
+from shardstream._format.manifest import Manifest
 from shardstream.errors import ConfigError
-from shardstream.format.manifest import Manifest
-from shardstream.format.timminfo import TIMM_INFO_NAME, timm_info_json, write_timm_info
-from shardstream.shardwriter import build, build_shards
+from shardstream.shardwriter import _build as build
+from shardstream.shardwriter import build_shards
 
 from ..conftest import encode_image
 from .helpers import dataset_bytes, tar_members

@@ -52,7 +52,7 @@ def test_dask_local_cluster_executor(make_image_folder, tmp_path):
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "shardstream.cli", "build", *args]
+    return [sys.executable, "-m", "shardstream", "build", *args]
 
 
 @pytest.mark.slow
@@ -72,7 +72,7 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_dataset(make_image_folder, t
     process.wait()
     assert not (dest / "manifest.json").exists()
     with pytest.raises(Exception, match="no manifest"):
-        from shardstream.format.manifest import read_manifest
+        from shardstream._format.manifest import read_manifest
 
         read_manifest(str(dest))
     subprocess.run(_cli(*args, str(dest)), check=True, timeout=120)

@@ -11,10 +11,10 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from shardstream.cli import main
+from shardstream._cli import main
+from shardstream._format.codecs import PixelSize, encode_pixels, pixel_array
+from shardstream._format.shardindex import decode_index, index_version
 from shardstream.errors import ConfigError, SourceError
-from shardstream.format.pixels import PixelSize, encode_pixels, pixel_array
-from shardstream.format.shardindex import decode_index, index_version
 from shardstream.shardwriter import BuildOptions, build_shards
 
 from ..conftest import write_image_folder

@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from shardstream.cli import main
+from shardstream._cli import main
 from shardstream.errors import SourceError
 from shardstream.shardwriter import build_shards
 

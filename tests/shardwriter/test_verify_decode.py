@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from shardstream import DecodeError, StreamingDataLoader, StreamingDataset
-from shardstream.cli import main
+from shardstream._cli import main
 from tests.conftest import encode_image, write_image_folder
 
 

@@ -15,11 +15,11 @@ import textwrap
 import pytest
 
 from shardstream import DatasetExistsError, build_shards, read_manifest
-from shardstream.cli import main
-from shardstream.format.verify import verify_dataset
-from shardstream.storage import Store
-from shardstream.storage.diagnose import explain
-from shardstream.storage.lock import LOCK_NAME, destination_lock
+from shardstream._cli import main
+from shardstream._format.verify import verify_dataset
+from shardstream._storage import Store
+from shardstream._storage.messages import explain
+from shardstream._storage.store import LOCK_NAME, destination_lock
 
 
 class NoCredentialsError(Exception):
@@ -86,8 +86,8 @@ def test_a_second_build_into_the_same_folder_is_refused_and_harms_nothing(
             build_shards(image_folder, dest)
         assert os.listdir(dest) == [LOCK_NAME]
     # A build killed while it held the lock leaves no stale lock: the kernel drops it.
-    holder = "from shardstream.storage.lock import destination_lock as l\n" \
-             "from shardstream.storage import Store\nimport os, sys\n" \
+    holder = "from shardstream._storage.store import destination_lock as l\n" \
+             "from shardstream._storage import Store\nimport os, sys\n" \
              "with l(Store(sys.argv[1])):\n    os.kill(os.getpid(), 9)\n"  # fmt: skip
     subprocess.run([sys.executable, "-c", holder, str(dest)], check=False, timeout=60)
     manifest = build_shards(image_folder, dest)

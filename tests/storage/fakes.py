@@ -1,6 +1,6 @@
 """In-memory stand-ins for storage: a ranged object that fails where a test says, an extent list.
 
-``FakeObject`` implements :class:`~shardstream.storage.remote.ranged.RangeSource` (and its bodies
+``FakeObject`` implements :class:`~shardstream._storage.remote.ranged.RangeSource` (and its bodies
 ``RangeBody``); ``FakeExtents`` implements ``ExtentSource``. Both count what was asked of them, so
 tests can check where each request started and that every response was closed.
 """

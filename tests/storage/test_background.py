@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardstream.storage.background import BackgroundIterator
+from shardstream._storage.background import BackgroundIterator
 
 
 def test_items_come_in_order_and_the_iterator_runs_on_the_thread() -> None:

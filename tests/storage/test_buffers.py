@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.remote import buffers
-from shardstream.storage.remote.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
-from shardstream.storage.remote.ranged import RemoteStream
+from shardstream._storage.background import ProcessLocal
+from shardstream._storage.remote import buffers
+from shardstream._storage.remote.buffers import MIN_POOLED_BYTES, ReceiveBuffers, recycle
+from shardstream._storage.remote.ranged import RemoteStream
 
 SIZE = 2 * MIN_POOLED_BYTES
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from shardstream.storage.remote.cache import ShardCache
+from shardstream._storage.remote.cache import ShardCache
 from tests.storage.fakes import random_bytes
 
 URL = "s3://bucket/train/shard-000003.tar"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardstream.storage.remote.latency import LatencyGauge, TimedSource
-from shardstream.storage.remote.prefetch import FetchPool, SpanJob
+from shardstream._storage.remote.prefetch import FetchPool, LatencyGauge, SpanJob, TimedSource
 from tests.storage.test_prefetch import Recorder
 
 

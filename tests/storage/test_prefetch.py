@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage.remote.hints import PrefetchQueue
-from shardstream.storage.remote.prefetch import FetchPool, SpanJob, SpanPrefetcher
+from shardstream._storage.remote.prefetch import FetchPool, PrefetchQueue, SpanJob, SpanPrefetcher
 
 DATA = bytes(range(256)) * 400  # 102,400 bytes
 

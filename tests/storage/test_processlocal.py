@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage.processlocal import ProcessLocal, ProcessLock
+from shardstream._storage.background import ProcessLocal, ProcessLock
 
 
 class _Holder:

@@ -15,11 +15,10 @@ import warnings
 
 import pytest
 
+from shardstream._storage.ranges import BoundedFile
+from shardstream._storage.remote.ranged import ExtentFetcher, ExtentSource, ReadAhead, RemoteStream
+from shardstream._storage.remote.retry import Retrier
 from shardstream.errors import StorageError
-from shardstream.storage.bounded import BoundedFile
-from shardstream.storage.remote.ranged import ExtentFetcher, ExtentSource, RemoteStream
-from shardstream.storage.remote.readahead import ReadAhead
-from shardstream.storage.remote.retry import Retrier
 from tests.storage.fakes import FakeObject, Fault, random_bytes
 
 URL = "s3://bucket/train/shard-000001.tar"

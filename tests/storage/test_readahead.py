@@ -11,9 +11,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from shardstream.storage.remote.ranged import ExtentFetcher
-from shardstream.storage.remote.readahead import ReadAhead
-from shardstream.storage.remote.retry import Retrier
+from shardstream._storage.remote.ranged import ExtentFetcher, ReadAhead
+from shardstream._storage.remote.retry import Retrier
 from tests.storage.fakes import FakeExtents, FakeObject, Fault, random_bytes
 
 EXTENT = 1024

@@ -8,16 +8,16 @@ import traceback
 
 import pytest
 
-from shardstream.errors import ConfigError, StorageError
-from shardstream.storage import Store
-from shardstream.storage.redact import (
+from shardstream._storage import Store
+from shardstream._storage.messages import (
+    redact_error,
     redact_text,
     redact_url,
     remember_secrets,
     secret_values,
     url_secrets,
 )
-from shardstream.storage.redacterrors import redact_error
+from shardstream.errors import ConfigError, StorageError
 
 
 class _TextElsewhere(Exception):

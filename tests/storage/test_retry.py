@@ -25,14 +25,14 @@ from botocore.exceptions import (
 from botocore.parsers import ResponseParserError
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from shardstream.errors import ConfigError, StorageError
-from shardstream.storage.remote.retry import (
+from shardstream._storage.remote.retry import (
     Retrier,
     ShortReadError,
     client_error_code,
     fatal_error,
     is_retryable,
 )
+from shardstream.errors import ConfigError, StorageError
 
 URL = "s3://bucket/train/shard-000007.tar"
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYSECRET"
@@ -259,7 +259,7 @@ def test_secrets_never_reach_messages_or_logs(caplog: pytest.LogCaptureFixture) 
 
 
 def _jitter_draw(_: int) -> float:
-    from shardstream.storage.remote import retry
+    from shardstream._storage.remote import retry
 
     return retry._JITTER.get().random()
 
@@ -270,7 +270,7 @@ def test_retry_jitter_differs_per_forked_worker_and_leaves_the_users_random_alon
     import multiprocessing
     import random
 
-    from shardstream.storage.remote import retry
+    from shardstream._storage.remote import retry
 
     with multiprocessing.get_context("fork").Pool(2, maxtasksperchild=1) as pool:
         draws = pool.map(_jitter_draw, range(4), chunksize=1)
@@ -295,7 +295,7 @@ def test_a_local_reader_imports_no_object_store_client() -> None:
     code = (
         "import sys\n"
         "from shardstream.streaming import StreamingDataset\n"
-        "from shardstream.storage.remote.retry import is_retryable\n"
+        "from shardstream._storage.remote.retry import is_retryable\n"
         "assert not is_retryable(ValueError('x'))\n"
         "print(sorted(name for name in ('aiohttp', 'botocore', 's3fs') if name in sys.modules))\n"
     )

@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
+from shardstream._storage import ReadOptions, Store
 from shardstream.errors import ConfigError
-from shardstream.storage import ReadOptions, Store
 
 
 def test_local_atomic_write_publishes_only_on_success(tmp_path: pathlib.Path) -> None:

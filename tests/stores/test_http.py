@@ -8,8 +8,8 @@ import pathlib
 import pytest
 
 from shardstream import build_shards
+from shardstream._storage import ReadOptions, Store
 from shardstream.errors import ConfigError, StorageError
-from shardstream.storage import ReadOptions, Store
 from tests.stores.conftest import StoreUnderTest
 from tests.stores.httpserver import RangeServer
 from tests.streaming.shards import make_samples

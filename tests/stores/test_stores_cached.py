@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from shardstream._storage import ReadOptions, Store
 from shardstream.errors import ShardNotFoundError
-from shardstream.storage import ReadOptions, Store
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.planning.order import LOCAL_ORDER
+from shardstream.streaming._planning.order import LOCAL_ORDER
 from tests.stores.conftest import StoreUnderTest
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from shardstream.storage import ReadOptions
-from shardstream.storage.remote import hints
+from shardstream._storage import ReadOptions
+from shardstream._storage.remote import prefetch as hints
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.stores.conftest import StoreUnderTest
 from tests.streaming.shards import make_dataset

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from shardstream import RandomAccessDataset, build_shards
-from shardstream.storage import ReadOptions
+from shardstream._storage import ReadOptions
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.stores.conftest import StoreUnderTest
 from tests.streaming.test_pixels import SIZE, train_transform, write_folder

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from shardstream import RandomAccessDataset
-from shardstream.cli import main
-from shardstream.storage import ReadOptions, Store
-from shardstream.storage.processlocal import ProcessLocal
-from shardstream.storage.remote import hints, prefetch
+from shardstream._cli import main
+from shardstream._storage import ReadOptions, Store
+from shardstream._storage.background import ProcessLocal
+from shardstream._storage.remote import prefetch
+from shardstream._storage.remote import prefetch as hints
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.stores.conftest import StoreUnderTest
 from tests.streaming.conformance import assert_loader_resumes

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import shardstream
-from shardstream.cli import main
-from shardstream.storage.options import ReadOptions
+from shardstream._cli import main
+from shardstream._storage.options import ReadOptions
 from tests.s3.conftest import fault_proxy, moto_endpoint  # noqa: F401 - fixtures used here
 from tests.s3.faultproxy import FaultProxy
 from tests.s3.s3env import ACCESS_KEY, BUCKET, make_fs

@@ -13,11 +13,11 @@ import fsspec
 import pytest
 
 from shardstream import build_shards
-from shardstream.catalog.versions import list_versions, read_version
+from shardstream._catalog.versions import list_versions, read_version
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
 from shardstream.errors import DatasetExistsError
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import find_problems
-from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
 from tests.shardwriter.growth import write_day
 from tests.shardwriter.helpers import kill_at
@@ -59,7 +59,7 @@ def test_build_then_append_publishes_versions(
 
 
 def _append_and_kill(point: str, source: Any, dest: str, options: Any) -> None:
-    from shardstream.storage.backends.generic import Backend
+    from shardstream._storage.backends.generic import Backend
 
     fsspec.AbstractFileSystem.clear_instance_cache()  # no event loop of the parent's
     kill_at(Backend, point, lambda args: "shard-" in str(args[3]), 2)

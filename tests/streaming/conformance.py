@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from shardstream import ResumeAudit
-from shardstream.streaming.resumeaudit import keys_of
+from shardstream.streaming._checks import keys_of
 
 
 class Stateful(Protocol):

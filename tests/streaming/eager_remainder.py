@@ -3,18 +3,18 @@
 A state saved after an elastic restore names its earlier passes; the pass it continues must be
 the same sequence, range for range, as the one it was saved in (else its consumed steps name
 other samples). This copy of the old code, which walked every rank, stream and lane, lets the
-tests check that :class:`~shardstream.streaming.planning.leftover.LeftSequence` keeps that order.
+tests check that :class:`~shardstream.streaming._planning.leftover.LeftSequence` keeps that order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from shardstream.streaming.planning.history import PassRecord
-from shardstream.streaming.planning.order import PlanOptions
-from shardstream.streaming.planning.sequence import PassSequence
-from shardstream.streaming.planning.split import Shape
-from shardstream.streaming.planning.windows import (
+from shardstream.streaming._planning.leftover import PassRecord
+from shardstream.streaming._planning.order import PlanOptions
+from shardstream.streaming._planning.sequence import PassSequence
+from shardstream.streaming._planning.split import Shape
+from shardstream.streaming._planning.windows import (
     StreamId,
     StreamLanes,
     build_window,

@@ -23,13 +23,12 @@ import tempfile
 import time
 from typing import Any
 
+from shardstream._format.manifest import Manifest
+from shardstream._format.shardindex import decode_offsets
+from shardstream._format.tarreader import iter_samples, open_tar
+from shardstream._storage import Store
 from shardstream.errors import ManifestError, ShardFormatError
-from shardstream.format.manifest import Manifest
-from shardstream.format.samples import iter_samples
-from shardstream.format.shardindex import decode_offsets
-from shardstream.format.tarreader import open_tar
-from shardstream.storage import Store
-from shardstream.streaming.worker.pieces import open_piece
+from shardstream.streaming._worker.pieces import open_piece
 
 _BLOCK = 512
 _INTERESTING_SIZES = [

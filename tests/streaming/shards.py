@@ -6,9 +6,8 @@ import functools
 import pathlib
 from typing import Any
 
-from shardstream.format.manifest import Manifest
-from shardstream.format.samples import iter_samples
-from shardstream.format.tarreader import open_tar
+from shardstream._format.manifest import Manifest
+from shardstream._format.tarreader import iter_samples, open_tar
 from shardstream.shardwriter import build_shards
 from tests.conftest import encode_image
 

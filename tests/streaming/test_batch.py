@@ -10,10 +10,10 @@ import pickle
 import torch
 from torch.utils.data import DataLoader
 
-from shardstream.storage import Store
+from shardstream._storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.worker.batch import ByteViews, pack_bytes, stack_or_list
-from shardstream.streaming.worker.pieces import open_piece
+from shardstream.streaming._worker.batch import ByteViews, pack_bytes, stack_or_list
+from shardstream.streaming._worker.pieces import open_piece
 from tests.streaming.shards import make_dataset, make_samples
 
 

@@ -10,8 +10,8 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from shardstream.errors import DecodeError
-from shardstream.streaming.decoding.decode import split_sample
-from shardstream.streaming.decoding.images import decode_image, min_side_of
+from shardstream.streaming._decoding.decode import split_sample
+from shardstream.streaming._decoding.fastcrop import decode_image, min_side_of
 from tests.conftest import encode_image
 
 SAMPLE = {

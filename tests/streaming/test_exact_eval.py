@@ -20,13 +20,16 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import ConfigError, RandomAccessDataset, make_view
 from shardstream.streaming import Stream, StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.planning.history import PassRecord, remainder
-from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
-from shardstream.streaming.planning.readorder import planned_batches
-from shardstream.streaming.planning.schedule import PassPlan
-from shardstream.streaming.planning.sequence import ShardSequence, shard_order
-from shardstream.streaming.planning.split import Layout, Shape
-from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
+from shardstream.streaming._planning.leftover import PassRecord, remainder
+from shardstream.streaming._planning.order import PlanOptions, epoch_sequence
+from shardstream.streaming._planning.sequence import ShardSequence, shard_order
+from shardstream.streaming._planning.split import Layout, PassPlan, Shape
+from shardstream.streaming._planning.windows import (
+    StreamId,
+    StreamLanes,
+    build_window,
+    planned_batches,
+)
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset
 from tests.streaming.test_resume import OPTIONS, TORCHDATA_WARNING

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from shardstream.catalog.exclude import exclude_samples
+from shardstream._catalog.exclude import exclude_samples
 from shardstream.shardwriter import build_shards
 from tests.streaming.restarts import run_phase
 from tests.streaming.shards import make_samples

@@ -18,9 +18,8 @@ from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
-from shardstream.streaming.decoding import jpegcrop
-from shardstream.streaming.decoding.fastcrop import crop_decoder_for, fuse_tail
-from shardstream.streaming.decoding.images import decode_image
+from shardstream.streaming._decoding import fastcrop as jpegcrop
+from shardstream.streaming._decoding.fastcrop import crop_decoder_for, decode_image, fuse_tail
 from tests.conftest import encode_image
 
 
@@ -292,7 +291,7 @@ def test_window_decoder_is_silent_and_fork_safe() -> None:
     """Importing nvImageCodec without the nvJPEG wheels prints to stderr; the library must not."""
     code = (
         "import os\n"
-        "from shardstream.streaming.decoding import jpegcrop\n"
+        "from shardstream.streaming._decoding import jpegcrop\n"
         "from tests.streaming.test_fastcrop import _photo\n"
         "data = _photo(120, 90, 0)\n"
         "assert jpegcrop.decode_window(b'\\xff\\xd8 junk', 0, 0, 20, 20) is None\n"

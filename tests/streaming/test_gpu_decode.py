@@ -30,14 +30,18 @@ from shardstream.streaming import (
     StreamingDataset,
     StreamOptions,
 )
-from shardstream.streaming.decoding.encoded import (
+from shardstream.streaming._decoding.encoded import (
     EncodedBatch,
     crop_draw_for,
     flat_bytes,
 )
-from shardstream.streaming.decoding.gpubackends import HostBackend, make_backend
-from shardstream.streaming.decoding.gpudecode import GpuDecode, resolve_gpu_decode
-from shardstream.streaming.decoding.gpuorder import HostOrder, Retirements
+from shardstream.streaming._decoding.gpubackends import HostBackend, make_backend
+from shardstream.streaming._decoding.gpudecode import (
+    GpuDecode,
+    HostOrder,
+    Retirements,
+    resolve_gpu_decode,
+)
 from tests.conftest import encode_image, write_image_folder
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset

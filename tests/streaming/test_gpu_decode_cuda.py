@@ -19,8 +19,8 @@ from torchvision.transforms import v2
 from shardstream import build_shards
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset
-from shardstream.streaming.decoding.encoded import EncodedBatch, crop_draw_for
-from shardstream.streaming.decoding.gpudecode import GpuDecode
+from shardstream.streaming._decoding.encoded import EncodedBatch, crop_draw_for
+from shardstream.streaming._decoding.gpudecode import GpuDecode
 from tests.conftest import write_image_folder
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

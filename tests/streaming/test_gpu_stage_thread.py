@@ -23,7 +23,7 @@ import torch
 from torchvision.transforms import v2
 
 from shardstream import ConfigError, DecodeError, GpuDecode, StreamingDataLoader, StreamingDataset
-from shardstream.streaming.decoding.gpuorder import HostOrder, Retirements
+from shardstream.streaming._decoding.gpudecode import HostOrder, Retirements
 from tests.conftest import encode_image, write_image_folder
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import make_dataset

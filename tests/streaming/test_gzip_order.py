@@ -17,8 +17,7 @@ import pytest
 
 from shardstream import index_shards
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.diagnostics.mixcheck import MixCheckOptions, check_mix
-from shardstream.streaming.diagnostics.mixmetrics import spearman
+from shardstream.streaming._diagnostics.mixcheck import MixCheckOptions, check_mix, spearman
 from tests.streaming.shards import tiny_jpeg
 
 NUM = 90

@@ -14,10 +14,9 @@ import tracemalloc
 
 import pytest
 
+from shardstream._format.manifest import Manifest
+from shardstream._format.tarreader import iter_samples, open_tar
 from shardstream.errors import ManifestError, ShardFormatError
-from shardstream.format.manifest import Manifest
-from shardstream.format.samples import iter_samples
-from shardstream.format.tarreader import open_tar
 from shardstream.streaming import StreamingDataset, StreamOptions
 from tests.streaming.fuzzing import pax_shard, tar_header
 from tests.streaming.shards import keys_of, make_dataset, tiny_jpeg
@@ -207,7 +206,7 @@ def test_a_mismatched_index_falls_back_to_walking_the_shard(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     root, manifest = make_dataset(tmp_path, num_samples=24, per_shard=8)
-    from shardstream.format.shardindex import decode_offsets, encode_offsets
+    from shardstream._format.shardindex import decode_offsets, encode_offsets
 
     # Shard 1's index ends elsewhere than the shard (an index of another build).
     index = root / manifest.shards[1].index
@@ -222,7 +221,7 @@ def test_a_mismatched_index_falls_back_to_walking_the_shard(
 
 
 def test_an_index_that_fits_but_lies_is_an_error_not_wrong_samples(tmp_path: pathlib.Path) -> None:
-    from shardstream.format.shardindex import decode_offsets, encode_offsets
+    from shardstream._format.shardindex import decode_offsets, encode_offsets
 
     root, manifest = make_dataset(tmp_path, num_samples=8, per_shard=8)
     index = root / manifest.shards[0].index

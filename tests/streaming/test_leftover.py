@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.planning import leftover
-from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
-from shardstream.streaming.planning.order import PlanOptions, epoch_sequence
-from shardstream.streaming.planning.split import Layout, Shape
-from shardstream.streaming.planning.windows import StreamId, build_window
+from shardstream.streaming._planning import leftover
+from shardstream.streaming._planning.leftover import PassRecord, pass_sequence, remainder
+from shardstream.streaming._planning.order import PlanOptions, epoch_sequence
+from shardstream.streaming._planning.split import Layout, Shape
+from shardstream.streaming._planning.windows import StreamId, build_window
 from tests.streaming.eager_remainder import clipped, eager_remainder
 from tests.streaming.shards import keys_of, make_dataset
 from tests.streaming.test_planning import _stream_positions

@@ -19,9 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from shardstream._format.tarreader import iter_samples, open_tar
 from shardstream.errors import ConfigError, ShardFormatError
-from shardstream.format.samples import iter_samples
-from shardstream.format.tarreader import open_tar
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.ddp import exit_rank_cleanly
 from tests.streaming.conformance import assert_loader_resumes

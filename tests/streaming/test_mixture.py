@@ -9,7 +9,7 @@ import pytest
 
 from shardstream import Stream, StreamingDataLoader, StreamingDataset, StreamOptions, build_shards
 from shardstream.errors import ConfigError
-from shardstream.streaming.mixture import stream_quotas
+from shardstream.streaming._options import stream_quotas
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import keys_of, make_samples
 

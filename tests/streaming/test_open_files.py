@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from shardstream import build_shards
-from shardstream.format.manifest import Manifest, write_manifest
-from shardstream.format.shardtable import NameColumn, ShardTable
-from shardstream.storage.limits import too_many_open_files
+from shardstream._format.manifest import Manifest, write_manifest
+from shardstream._format.shardtable import NameColumn, ShardTable
+from shardstream._storage.options import too_many_open_files
 
 NUM_SHARDS, PER_SHARD = 10_000, 3
 

@@ -30,11 +30,14 @@ from shardstream import (
     build_shards,
     make_view,
 )
-from shardstream.format.pixels import encode_pixels
-from shardstream.streaming.decoding.fastcrop import crop_decoder_for
-from shardstream.streaming.decoding.images import decode_image
-from shardstream.streaming.decoding.pixelcrop import crop_pixels, pixel_tensor
-from shardstream.streaming.mixture import stream_quotas
+from shardstream._format.codecs import encode_pixels
+from shardstream.streaming._decoding.fastcrop import (
+    crop_decoder_for,
+    crop_pixels,
+    decode_image,
+    pixel_tensor,
+)
+from shardstream.streaming._options import stream_quotas
 from tests.conftest import encode_image
 from tests.ddp import exit_rank_cleanly
 from tests.streaming.conformance import assert_loader_resumes

@@ -15,16 +15,21 @@ import numpy as np
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.planning.history import PassRecord, pass_sequence, remainder
-from shardstream.streaming.planning.order import PlanOptions
-from shardstream.streaming.planning.schedule import plan_ranks, steps_of_worker
-from shardstream.streaming.planning.sequence import (
+from shardstream.streaming._planning.leftover import PassRecord, pass_sequence, remainder
+from shardstream.streaming._planning.order import PlanOptions
+from shardstream.streaming._planning.sequence import (
     DerivedSequence,
     ShardSequence,
     shard_order,
 )
-from shardstream.streaming.planning.split import Layout, Shape, samples_per_rank
-from shardstream.streaming.planning.windows import StreamId, StreamLanes, build_window
+from shardstream.streaming._planning.split import (
+    Layout,
+    Shape,
+    plan_ranks,
+    samples_per_rank,
+    steps_of_worker,
+)
+from shardstream.streaming._planning.windows import StreamId, StreamLanes, build_window
 
 
 def _stream_positions(sequence, shape, options, rank, phase, epoch=0, pass_index=0):  # type: ignore[no-untyped-def]

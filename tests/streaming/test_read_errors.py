@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardstream.cli import main as cli_main
+from shardstream._cli import main as cli_main
+from shardstream._format.manifest import read_manifest
+from shardstream._format.verify import find_problems
+from shardstream._storage import Store
 from shardstream.errors import ShardNotFoundError
-from shardstream.format.manifest import read_manifest
-from shardstream.format.verify import find_problems
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.streaming.shards import make_samples
 

@@ -14,14 +14,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from shardstream.format.tarfast import parse_plain_sample
-from shardstream.storage import Store
-from shardstream.storage.backends import localmaps
-from shardstream.storage.backends.localmaps import WindowMaps
-from shardstream.storage.backends.localranges import LocalRanges
+from shardstream._format.tarreader import parse_plain_sample
+from shardstream._storage import Store
+from shardstream._storage.backends import localmaps
+from shardstream._storage.backends.localmaps import LocalRanges, WindowMaps
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.worker import pieces
-from shardstream.streaming.worker.pieces import open_piece
+from shardstream.streaming._worker import pieces
+from shardstream.streaming._worker.pieces import open_piece
 from tests.streaming.shards import make_dataset, sample_offsets, tiny_jpeg
 
 
@@ -154,7 +153,7 @@ def test_epochs_are_the_same_with_and_without_memory_maps(
 def test_a_pooled_handle_maps_without_seeking_and_asks_the_length_once(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardstream.storage.backends import local
+    from shardstream._storage.backends import local
 
     path, offsets = _shard(tmp_path)
     pool = LocalRanges(Store(path.parent), max_idle=4)

@@ -13,11 +13,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from shardstream._storage.background import ProcessLocal
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
-from shardstream.storage.processlocal import ProcessLocal
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.worker import inline, shmpool
+from shardstream.streaming._worker import shmpool
+from shardstream.streaming._worker import shmpool as inline
 from tests.conftest import encode_image
 
 BATCH = 4

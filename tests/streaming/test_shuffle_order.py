@@ -1,6 +1,6 @@
 """The default order mixes class-ordered shards like a random permutation, exactly and cheaply.
 
-The quality checks use the plan alone (:mod:`shardstream.streaming.planning.readorder`), on the
+The quality checks use the plan alone (:mod:`shardstream.streaming._planning.windows`), on the
 shape of data that motivated the design: 200 classes x 1,000 samples written in class order,
 1,000 samples per shard (one class per shard). A test with real DataLoader workers checks that
 the loader reads exactly that planned order.
@@ -16,20 +16,20 @@ import pytest
 
 from shardstream.errors import ConfigError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.streaming.control.resumestate import PassState
-from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
-from shardstream.streaming.planning.chunkorder import ChunkOrder, ChunkSequence
-from shardstream.streaming.planning.mixing import MixedStream, MixtureSequence
-from shardstream.streaming.planning.order import (
+from shardstream.streaming._control.resumestate import PassState
+from shardstream.streaming._diagnostics.mixcheck import random_distinct, spearman
+from shardstream.streaming._planning.mixing import MixedStream, MixtureSequence
+from shardstream.streaming._planning.order import (
+    ChunkOrder,
+    ChunkSequence,
     DatasetFacts,
     PlanOptions,
     choose_order,
     epoch_sequence,
 )
-from shardstream.streaming.planning.readorder import planned_batches
-from shardstream.streaming.planning.schedule import PassPlan
-from shardstream.streaming.planning.sequence import ShardSequence
-from shardstream.streaming.planning.split import Layout, Shape
+from shardstream.streaming._planning.sequence import ShardSequence
+from shardstream.streaming._planning.split import Layout, PassPlan, Shape
+from shardstream.streaming._planning.windows import planned_batches
 from tests.streaming.shards import make_dataset
 
 CLASSES, PER_CLASS, BATCH = 200, 1000, 64

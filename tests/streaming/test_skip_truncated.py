@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from shardstream.format.manifest import read_manifest
+from shardstream._format.manifest import read_manifest
 from shardstream.shardwriter import build_shards
 from tests.streaming.shards import sample_offsets
 

@@ -12,16 +12,13 @@ import tarfile
 
 import pytest
 
+from shardstream._format.keys import split_key
+from shardstream._format.tarformat import byte_sum
+from shardstream._format.tarreader import iter_samples, open_tar, read_plain_sample
+from shardstream._storage import Store
+from shardstream._storage.backends.localmaps import LocalRanges
 from shardstream.errors import ShardFormatError
-from shardstream.format.keys import split_key
-from shardstream.format.samples import iter_samples
-from shardstream.format.tarfast import read_plain_sample
-from shardstream.format.tarheader import byte_sum
-from shardstream.format.tarreader import open_tar
-from shardstream.storage import Store
-from shardstream.storage.backends.localranges import LocalRanges
-from shardstream.streaming.worker.indexes import OffsetIndex
-from shardstream.streaming.worker.pieces import open_piece
+from shardstream.streaming._worker.pieces import OffsetIndex, open_piece
 from tests.streaming.shards import sample_offsets, tiny_jpeg
 
 
@@ -266,7 +263,7 @@ def test_header_byte_sum_is_exact_for_any_block() -> None:
 def _headers_of_every_style() -> list[bytes]:
     """Header blocks as tarfile (ustar, GNU, PAX) and this library write them, short and long
     names, directories and links among them."""
-    from shardstream.format.tarheader import member_header
+    from shardstream._format.tarformat import member_header
 
     blocks = [
         member_header(name, size)
@@ -294,7 +291,7 @@ def _headers_of_every_style() -> list[bytes]:
 def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
     """Whatever the shortcut accepts, the careful parse reads the same way; flipped bytes in a
     header make the shortcut refuse it (the careful path then reports it)."""
-    from shardstream.format.tarheader import check_header, header_name, usual_header
+    from shardstream._format.tarformat import check_header, header_name, usual_header
 
     rng = random.Random(3)
     blocks = _headers_of_every_style()

@@ -8,10 +8,10 @@ import pathlib
 import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardstream.catalog.versions import prune_versions
+from shardstream._catalog.versions import prune_versions
+from shardstream._storage import Store
 from shardstream.errors import ConfigError, ManifestNotFoundError
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 from shardstream.streaming import (
     RandomAccessDataset,
     Stream,

@@ -17,10 +17,10 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shardstream.catalog.versions import prune_versions
+from shardstream._catalog.versions import prune_versions
+from shardstream._storage import Store
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 from shardstream.streaming import StreamingDataset, StreamOptions
 from tests.ddp import exit_rank_cleanly
 from tests.shardwriter.growth import write_day

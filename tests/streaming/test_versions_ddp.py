@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
-from shardstream.catalog.versions import read_version
-from shardstream.format.manifest import read_manifest
+from shardstream._catalog.versions import read_version
+from shardstream._format.manifest import read_manifest
+from shardstream._storage import Store
 from shardstream.shardwriter import build_shards
-from shardstream.storage import Store
 from tests.shardwriter.growth import write_day
 from tests.streaming.restarts import run_phase
 

@@ -12,7 +12,7 @@ import pytest
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamingDataset, StreamOptions
-from shardstream.streaming.control import agreement
+from shardstream.streaming._control import versionset as agreement
 from tests.shardwriter.growth import write_day
 
 BUILD = {"max_samples_per_shard": 3}

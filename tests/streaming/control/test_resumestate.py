@@ -15,8 +15,8 @@ import types
 import pytest
 
 from shardstream.errors import ConfigError
-from shardstream.streaming.control import resumestate
-from shardstream.streaming.control.resumestate import (
+from shardstream.streaming._control import resumestate
+from shardstream.streaming._control.resumestate import (
     STATE_VERSION,
     PassState,
     SavedState,
@@ -27,8 +27,8 @@ from shardstream.streaming.control.resumestate import (
     encode_pass,
     encode_state,
 )
-from shardstream.streaming.planning.history import PassRecord
-from shardstream.streaming.planning.split import Layout
+from shardstream.streaming._planning.leftover import PassRecord
+from shardstream.streaming._planning.split import Layout
 
 PASS = ["epoch", "history", "plan", "consumed_batches", "dataset_version"]
 LAYOUT = ["world_size", "num_workers", "batch_size"]

@@ -8,12 +8,16 @@ import pathlib
 import numpy as np
 import pytest
 
-from shardstream.cli import main
+from shardstream._cli import main
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamOptions
-from shardstream.streaming.diagnostics.mixcheck import MixCheckOptions, check_mix
-from shardstream.streaming.diagnostics.mixmetrics import random_distinct, spearman
+from shardstream.streaming._diagnostics.mixcheck import (
+    MixCheckOptions,
+    check_mix,
+    random_distinct,
+    spearman,
+)
 
 CLASSES, PER_CLASS = 40, 100
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from shardstream import ConfigError, StreamingDataLoader, StreamingDataset, StreamOptions
-from shardstream.cli import main
-from shardstream.storage import Store
-from shardstream.streaming.diagnostics.bench import BenchOptions, run_bench
-from shardstream.streaming.diagnostics.stats import LoaderStats
+from shardstream._cli import main
+from shardstream._storage import Store
+from shardstream.streaming._diagnostics.bench import BenchOptions, run_bench
+from shardstream.streaming._diagnostics.stats import LoaderStats
 from tests.streaming.shards import make_dataset
 
 DELAY = 0.004  # seconds per sample in the slow part

@@ -1,1 +1,1 @@
-"""Tests of shardstream.streaming.worker (mirrors the package)."""
+"""Tests of shardstream.streaming._worker (mirrors the package)."""

@@ -7,16 +7,15 @@ from collections.abc import Hashable, Iterator, Sequence
 import numpy as np
 import pytest
 
-from shardstream.streaming.planning.order import (
+from shardstream.streaming._planning.order import (
     DatasetFacts,
     PlanOptions,
     choose_order,
     epoch_sequence,
 )
-from shardstream.streaming.planning.schedule import PassPlan
-from shardstream.streaming.planning.split import Layout, Shape
-from shardstream.streaming.planning.windows import StreamId
-from shardstream.streaming.worker.cursor import StreamCursor
+from shardstream.streaming._planning.split import Layout, PassPlan, Shape
+from shardstream.streaming._planning.windows import StreamId
+from shardstream.streaming._worker.cursor import StreamCursor
 
 REMOTE = choose_order(DatasetFacts(indexed=True, local=False, mean_sample_bytes=10_000))
 
@@ -136,7 +135,7 @@ def test_a_worker_shares_only_the_streams_it_meets_after_its_own(
 ) -> None:
     """Two workers, two streams of unequal length: each reads its own stream front to back,
     and the longer stream's last steps, which both serve, are a shared cursor's."""
-    from shardstream.streaming.worker import pipeline
+    from shardstream.streaming._worker import pipeline
 
     made: list[tuple[int, bool]] = []
 

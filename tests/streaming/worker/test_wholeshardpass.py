@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from shardstream.streaming.worker.wholeshardpass import (
+from shardstream.streaming._worker.pipeline import (
     Draws,
     in_batches,
     interleave_shards,

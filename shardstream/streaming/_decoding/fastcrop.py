@@ -1,0 +1,547 @@
+"""Optional crop-window JPEG decoding: decode only the rows and columns of a crop.
+
+Used by :mod:`shardstream.streaming._decoding.fastcrop` when ``nvidia-nvimgcodec-cu13`` (or
+``-cu12``) is installed (``pip install "shardstream[fastjpeg]"``). nvImageCodec's CPU backend is
+libjpeg-turbo with a region of interest: rows below the crop are never entropy-decoded, and
+columns outside it are never transformed or colour-converted. It needs no GPU and no CUDA driver.
+Its output equals a full libjpeg-turbo decode cropped afterwards (same IDCT, same fancy
+upsampling; the tests check this bit for bit).
+
+Everything here is best effort: when the package is missing, fails to load, or cannot decode a
+stream, :func:`decode_window` returns None and the caller decodes the usual way (which also
+raises the usual error for broken data).
+
+Quiet: without the ``nvidia-nvjpeg*`` wheels, importing nvImageCodec prints "Failed to load
+nvJPEG" lines to stderr, and its logger prints libjpeg's messages for broken streams. The import
+is therefore done once per process with file descriptor 2 pointed at ``/dev/null`` and the
+logger's ``PYNVIMGCODEC_VERBOSITY`` set to 0 (the variable is read at import only and is
+restored right after; a value the user set is kept).
+
+Pixel members as images: no decode, the crop and resize straight on the stored pixels.
+
+A ``KEY.pixels.npy`` member (:mod:`shardstream._format.codecs`, written by ``build --pixels``)
+is already ``uint8`` height x width x 3. :func:`pixel_tensor` wraps the reader's buffer as a
+``(3, H, W)`` tensor with channels-last strides and no copy (the shard's memory map locally);
+:func:`pixel_image` hands it out in a decode mode; :func:`crop_pixels` is the
+``RandomResizedCrop`` step of :class:`~.fastcrop.CropDecoder` for such members: the crop drawn
+with the transform's own ``make_params`` (the same torch RNG draws as the JPEG path and as
+torchvision on a decoded image), then resized with torch's antialiased bilinear ``uint8``
+kernel on the crop's channels-last block (the pixels torchvision's ``resized_crop`` gives).
+
+Decoding one image: Pillow modes, reduced-scale JPEG decoding, libjpeg-turbo to a tensor.
+
+Modes: ``"pil"`` gives ``PIL.Image`` (RGB), ``"rgb8"`` a ``uint8`` tensor of shape ``(3, H, W)``.
+Images are decoded by Pillow (libjpeg-turbo); when the transform will shrink every image to at
+least ``min_side`` pixels anyway (see :func:`min_side_of`), large JPEGs are decoded at a reduced
+DCT scale (Pillow ``draft``), several times faster and losing nothing the transform keeps.
+
+Fast path for ``RandomResizedCrop``-first transforms: draw the crop, then decode only enough.
+
+The generic path decodes the whole JPEG at full size and lets the transform crop and shrink it.
+For a torchvision v2 ``Compose`` that starts with ``RandomResizedCrop``, :class:`CropDecoder`
+instead reads the image size from the JPEG header (no decoding), draws the crop with the
+transform's own ``make_params`` (same distribution, same torch RNG draws, so seeded runs stay
+deterministic), and then, by what measured fastest for that crop:
+
+- with ``shardstream[fastjpeg]`` (nvImageCodec) installed, unless the crop is at least 4x the
+  output on both sides: decodes only the crop window (:mod:`.jpegcrop`), skipping the rows
+  below the crop and the colour work outside it (faster than a full decode, README:
+  *Streaming*), and the same pixels;
+- crop at least 2x (4x, 8x) the output on both sides: decodes at 1/2 (1/4, 1/8) DCT scale
+  (Pillow ``draft``) -- only resolution that the resize would throw away is skipped (for 1/2,
+  only without the window decoder: there a full-resolution window is as fast or faster);
+- otherwise decodes at full size with libjpeg-turbo through ``torchvision.io.decode_jpeg``
+  (measured faster than Pillow here);
+
+then resizes the crop on the ``uint8`` tensor (torch's antialiased bilinear ``uint8`` kernel),
+and runs the remaining steps fused (:class:`FusedTail`: flips on ``uint8``, then
+``ToDtype``/``Normalize`` as one multiply-add) when they are the usual ones. Pixels match the
+generic path within resampling rounding. Anything else (non-JPEG, other transforms, other
+interpolation) takes the generic path. Pixel members (``build --pixels``) skip the decode:
+the crop is drawn the same way and cut from their stored pixels (:mod:`.pixelcrop`)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import math
+import os
+import sys
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from shardstream._format import codecs
+from shardstream._format.codecs import is_pixels, pixel_array
+from shardstream._storage.background import ProcessLocal
+
+__all__ = [
+    "CropDecoder",
+    "FusedTail",
+    "crop_decoder_for",
+    "crop_pixels",
+    "decode_image",
+    "decode_jpeg_rgb",
+    "decode_window",
+    "fuse_tail",
+    "is_available",
+    "min_side_of",
+    "pixel_image",
+    "pixel_tensor",
+    "quiet_import",
+    "writable_bytes",
+]
+
+
+#: libjpeg-turbo turns fancy (smooth) chroma upsampling off when a subsampled component is at
+#: most 2 samples wide, so a window only a few pixels wide would decode differently from the
+#: full image. 16 columns keep every subsampled component (up to 4x) wider than that.
+_MIN_WIDTH = 16
+
+#: Each thread's decoder, per process (a forked child makes its own).
+_threads: ProcessLocal[threading.local] = ProcessLocal(threading.local)
+_import_lock = threading.Lock()
+
+
+class _WindowDecoder:
+    """One nvImageCodec CPU decoder (one thread, no EXIF rotation, RGB interleaved output)."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+        self.decoder = module.Decoder(
+            device_id=module.NVIMGCODEC_DEVICE_CPU_ONLY,
+            max_num_cpu_threads=1,  # parallelism comes from DataLoader workers
+            backends=[module.Backend(module.BackendKind.CPU_ONLY)],
+        )
+        # Pillow and torchvision ignore EXIF orientation and ICC profiles; do the same.
+        self.params = module.DecodeParams(
+            apply_exif_orientation=False,
+            color_spec=module.ColorSpec.SRGB,
+            sample_format=module.SampleFormat.I_RGB,
+        )
+
+    def decode(self, data: bytes, top: int, left: int, height: int, width: int) -> Any:
+        module = self.module
+        region = module.Region(top, left, top + height, left + width)
+        stream = module.CodeStream(data).get_sub_code_stream(region=region)
+        image = self.decoder.decode(stream, params=self.params)
+        return None if image is None else image.cpu()
+
+
+def is_available() -> bool:
+    """True when crop-window decoding works in this process (nvImageCodec imports and runs)."""
+    return _decoder() is not None
+
+
+def decode_window(data: bytes, top: int, left: int, height: int, width: int) -> Any | None:
+    """Decode only the window ``(top, left, height, width)`` of a baseline/progressive JPEG.
+
+    Returns:
+        The window's pixels as a ``uint8`` RGB array of shape ``(height, width, 3)`` (it
+        supports ``__array_interface__``; ``numpy.asarray`` wraps it without a copy), or None
+        when crop-window decoding is unavailable or this stream does not decode with it.
+    """
+    if width < _MIN_WIDTH:
+        return None
+    decoder = _decoder()
+    if decoder is None:
+        return None
+    try:
+        pixels = decoder.decode(data, top, left, height, width)
+    except Exception:  # any failure: the caller decodes the usual way
+        return None
+    if pixels is None or tuple(pixels.shape) != (height, width, 3):
+        return None
+    return pixels
+
+
+def _decoder() -> _WindowDecoder | None:
+    local = _threads.get()
+    if not hasattr(local, "decoder"):
+        local.decoder = _create_decoder()
+    return local.decoder
+
+
+def _create_decoder() -> _WindowDecoder | None:
+    try:
+        with _import_lock:
+            if "nvidia.nvimgcodec" not in sys.modules:
+                with quiet_import():
+                    importlib.import_module("nvidia.nvimgcodec")
+            return _WindowDecoder(importlib.import_module("nvidia.nvimgcodec"))
+    except Exception:  # not installed, or its libraries fail to load: no crop-window decoding
+        return None
+
+
+@contextlib.contextmanager
+def quiet_import() -> Iterator[None]:
+    """Send fd 2 to /dev/null and set ``PYNVIMGCODEC_VERBOSITY=0`` for the duration."""
+    key = "PYNVIMGCODEC_VERBOSITY"
+    user_value = os.environ.get(key)
+    if user_value is None:
+        os.environ[key] = "0"
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+        if user_value is None:
+            os.environ.pop(key, None)
+
+
+def pixel_tensor(data: Any, where: str = "") -> Any:
+    """A pixel member as a ``uint8`` tensor of shape ``(3, height, width)`` (a permuted view).
+
+    The tensor shares the reader's buffer when that buffer is writable (a copy-on-write map,
+    a receive buffer); read-only bytes are copied once, as torch wraps only writable memory.
+
+    Raises:
+        DecodeError: The member is not a pixel array (see
+            :func:`~shardstream._format.codecs.pixel_array`).
+    """
+    import torch
+
+    array = pixel_array(data, where)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def pixel_image(data: Any, mode: str, where: str = "") -> Any:
+    """A pixel member in a decode mode: ``"rgb8"`` a contiguous ``(3, H, W)`` tensor (a copy,
+    the caller may change it), ``"pil"`` an RGB ``PIL.Image``."""
+    if mode == "pil":
+        from PIL import Image
+
+        return Image.fromarray(np.ascontiguousarray(pixel_array(data, where)), "RGB")
+    import torch
+
+    return pixel_tensor(data, where).contiguous(memory_format=torch.contiguous_format)
+
+
+def crop_pixels(crop: Any, out_size: tuple[int, int], data: Any, where: str = "") -> Any:
+    """``RandomResizedCrop`` on a pixel member: the crop drawn, cut and resized to ``out_size``.
+
+    The crop's pixels are copied out of the reader's buffer as one channels-last block (what
+    torch's vectorised ``uint8`` antialiased bilinear kernel reads), then resized: the same
+    pixels as torchvision's ``resized_crop`` on the image, several times faster than on the
+    permuted view.
+
+    Args:
+        crop: The transform's ``v2.RandomResizedCrop`` (its ``make_params`` draws the box).
+        out_size: Output ``(height, width)``.
+        data: The member's bytes.
+        where: Names the shard and key in errors.
+
+    Returns:
+        A ``uint8`` ``(3, height, width)`` tensor (channels-last strides) that never shares the
+        reader's buffer.
+    """
+    import torch
+
+    pixels = pixel_tensor(data, where)
+    params = crop.make_params([pixels])
+    top, left = params["top"], params["left"]
+    box = pixels[:, top : top + params["height"], left : left + params["width"]]
+    block = box.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    resized = torch.nn.functional.interpolate(
+        block, size=list(out_size), mode="bilinear", align_corners=False, antialias=True
+    )[0]
+    if resized.untyped_storage().data_ptr() == pixels.untyped_storage().data_ptr():
+        resized = resized.clone()  # never hand out the reader's buffer
+    return resized
+
+
+def min_side_of(transform: Any) -> int | None:
+    """The shortest image side the transform needs to lose nothing, or None if unknown.
+
+    Looks at the first geometric step of a torchvision (v2) ``Compose``: ``Resize(s)`` needs
+    ``s``; ``CenterCrop``/``RandomCrop`` cannot shrink; ``RandomResizedCrop(s, scale=(a, b))``
+    needs ``s / sqrt(a)`` (its smallest crop is scaled up to ``s``).
+    """
+    steps = getattr(transform, "transforms", [transform])
+    for step in steps:
+        name = type(step).__name__
+        size = getattr(step, "size", None)
+        if isinstance(size, (list, tuple)):
+            size = max(size) if size else None
+        if name == "Resize" and isinstance(size, int) and getattr(step, "max_size", None) is None:
+            return size
+        if name == "RandomResizedCrop" and isinstance(size, int):
+            return math.ceil(size / math.sqrt(step.scale[0]))
+        if name in {"Resize", "RandomResizedCrop", "CenterCrop", "RandomCrop", "FiveCrop"}:
+            return None
+        if name in {"ToImage", "PILToTensor", "RandomHorizontalFlip", "RandomVerticalFlip"}:
+            continue
+        return None
+    return None
+
+
+def decode_image(data: bytes, extension: str, mode: str, min_side: int | None = None) -> Any:
+    """Decode image bytes into a PIL image (``"pil"``) or a uint8 CHW tensor (``"rgb8"``)."""
+    from PIL import Image
+
+    is_jpeg = codecs.extension_of(extension) in ("jpg", "jpeg")
+    image: Image.Image = Image.open(io.BytesIO(data))
+    if is_jpeg and min_side is not None and min(image.size) >= 2 * min_side:
+        image.draft("RGB", (min_side, min_side))
+    image = image.convert("RGB")
+    if mode == "pil":
+        return image
+    import torch
+
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+
+
+def writable_bytes(blob: Any) -> bool:
+    """True for a non-empty buffer ``torch.frombuffer`` can wrap without a copy or a warning."""
+    if isinstance(blob, memoryview):
+        return not blob.readonly and blob.nbytes > 0 and blob.contiguous
+    return isinstance(blob, bytearray) and len(blob) > 0
+
+
+def decode_jpeg_rgb(data: bytes) -> Any:
+    """Decode JPEG bytes to a ``uint8`` RGB CHW tensor with libjpeg-turbo (torchvision).
+
+    ``torchvision.io.decode_jpeg`` warns that it is deprecated (torchvision 0.29); that one
+    warning is silenced here, where the replacement would be no faster.
+    """
+    import torch
+    from torchvision import io as tvio
+
+    encoded = torch.frombuffer(data if writable_bytes(data) else bytearray(data), dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message="The image decoding and encoding capabilities of TorchVision are deprecated",
+            category=DeprecationWarning,
+        )
+        return tvio.decode_jpeg(encoded, mode=tvio.ImageReadMode.RGB)
+
+
+#: Steps after the crop that work on uint8 tensors as they do on PIL images.
+_TENSOR_SAFE = {
+    "RandomHorizontalFlip",
+    "RandomVerticalFlip",
+    "PILToTensor",
+    "ToImage",
+    "ToDtype",
+    "ToPureTensor",
+    "Normalize",
+}
+
+
+def crop_decoder_for(transform: Any, mode: str) -> CropDecoder | None:
+    """A :class:`CropDecoder` when ``transform`` qualifies for the fast path, else None.
+
+    Qualifies: a torchvision v2 ``Compose`` whose first step is ``RandomResizedCrop`` with
+    bilinear, antialiased resizing, followed only by flips, ``PILToTensor``/``ToImage``,
+    ``ToDtype``/``ToPureTensor`` and ``Normalize``; ``mode`` must be ``"pil"`` or ``"rgb8"``.
+    """
+    if transform is None or mode not in ("pil", "rgb8"):
+        return None  # before importing torchvision's transforms, which raw loading never needs
+    from torchvision.transforms import v2
+
+    if not isinstance(transform, v2.Compose):
+        return None
+    steps = list(transform.transforms)
+    first = steps[0] if steps else None
+    if not isinstance(first, v2.RandomResizedCrop) or first.antialias is False:
+        return None
+    if str(getattr(first.interpolation, "value", first.interpolation)) != "bilinear":
+        return None
+    if any(type(step).__name__ not in _TENSOR_SAFE for step in steps[1:]):
+        return None
+    return CropDecoder(transform, mode)
+
+
+class CropDecoder:
+    """Decode + ``RandomResizedCrop`` + the remaining steps, decoding no more than needed.
+
+    Use :func:`crop_decoder_for` to build one; call it as ``decoder(data, extension)``.
+
+    Args:
+        transform: A qualifying v2 ``Compose`` (see :func:`crop_decoder_for`).
+        mode: The dataset's decode mode, used by the generic fallback.
+    """
+
+    def __init__(self, transform: Any, mode: str) -> None:
+        from torchvision.transforms import v2
+
+        self.transform, self.mode = transform, mode
+        self.crop = transform.transforms[0]
+        # v2.Compose refuses no steps: Compose([RandomResizedCrop(224)]) has none after the crop
+        self.rest = v2.Compose(list(transform.transforms[1:]) or [v2.Identity()])
+        self.tail = fuse_tail(transform.transforms[1:])  # None: run ``rest`` step by step
+        height, width = self.crop.size
+        self.out_size = (int(height), int(width))
+
+    def __call__(self, data: bytes, extension: str) -> Any:
+        """Decode, crop, resize and transform one image; the generic path for non-JPEGs.
+
+        Pixel members (``build --pixels``) are not decoded: the crop is cut from their pixels
+        (:func:`.pixelcrop.crop_pixels`), drawn as for a JPEG of that size."""
+        from PIL import Image
+
+        if is_pixels(extension):
+            pixels = crop_pixels(self.crop, self.out_size, data)
+            return self.rest(pixels) if self.tail is None else self.tail(pixels)
+        image = None
+        if codecs.extension_of(extension) in ("jpg", "jpeg"):
+            image = Image.open(io.BytesIO(data))
+        if image is None or image.format != "JPEG":
+            return self.transform(decode_image(data, extension, self.mode))
+        params = self.crop.make_params([image])
+        pixels = self._decode_window(data, image, params)
+        if pixels is None:
+            pixels = self._resize(*self._decode(data, image, params), params)
+        return self.rest(pixels) if self.tail is None else self.tail(pixels)
+
+    def reduction(self, params: dict[str, int]) -> int:
+        """Largest DCT reduction (1, 2, 4 or 8) keeping the crop >= the output on both sides."""
+        out_height, out_width = self.out_size
+        for factor in (8, 4, 2):
+            if params["height"] >= factor * out_height and params["width"] >= factor * out_width:
+                return factor
+        return 1
+
+    def _decode_window(self, data: bytes, image: Any, params: dict[str, int]) -> Any | None:
+        """The resized crop from a crop-window decode (:mod:`.jpegcrop`), or None."""
+        import torch
+        from torchvision.transforms.v2 import functional
+
+        if image.mode != "RGB" or self.reduction(params) > 2:
+            return None  # grey, CMYK: Pillow's colours. 1/4 and 1/8 DCT scale beat the window
+        box = params["top"], params["left"], params["height"], params["width"]
+        window = decode_window(data, *box)
+        if window is None:
+            return None
+        array = np.asarray(window)  # no copy: nvImageCodec's buffer, kept alive by the array
+        if not array.flags.writeable:  # torch warns about read-only arrays
+            array = array.copy()
+        pixels = torch.from_numpy(array).permute(2, 0, 1)
+        return functional.resize(pixels, list(self.out_size), antialias=True)
+
+    def _decode(self, data: bytes, image: Any, params: dict[str, int]) -> tuple[Any, float, float]:
+        """Return ``(uint8 CHW tensor, x scale, y scale)`` of the decoded (maybe reduced) image."""
+        import torch
+
+        width, height = image.size
+        factor = self.reduction(params)
+        if factor == 1:
+            with contextlib.suppress(RuntimeError):  # JPEG flavours torchvision rejects: Pillow
+                return decode_jpeg_rgb(data), 1.0, 1.0
+        else:
+            image.draft("RGB", (math.ceil(width / factor), math.ceil(height / factor)))
+        rgb = image.convert("RGB")
+        pixels = torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
+        return pixels, width / rgb.size[0], height / rgb.size[1]
+
+    def _resize(self, pixels: Any, scale_x: float, scale_y: float, params: dict[str, int]) -> Any:
+        from torchvision.transforms.v2 import functional
+
+        top, left = round(params["top"] / scale_y), round(params["left"] / scale_x)
+        height = max(1, min(round(params["height"] / scale_y), pixels.shape[-2] - top))
+        width = max(1, min(round(params["width"] / scale_x), pixels.shape[-1] - left))
+        return functional.resized_crop(
+            pixels, top, left, height, width, list(self.out_size), antialias=True
+        )
+
+
+class FusedTail:
+    """Flips, dtype conversion and ``Normalize`` after the crop, as one pass over the pixels.
+
+    Same results as running the v2 steps one by one (to float rounding), same torch RNG draws
+    in the same order: one ``torch.rand(1)`` per random flip, flipping when it is below ``p``,
+    as ``v2.RandomHorizontalFlip`` does. Flips and per-channel affine maps commute, so the flips
+    run first on the small ``uint8`` tensor, then one ``uint8 * scale + shift`` makes the float
+    output (contiguous). Build one with :func:`fuse_tail`.
+    """
+
+    def __init__(
+        self,
+        flips: list[tuple[float, int]],
+        dtype: Any,
+        affine: tuple[list[float], list[float]] | None,
+        as_image: bool,
+    ) -> None:
+        import torch
+
+        self.flips, self.dtype, self.as_image = flips, dtype, as_image
+        self.scale = self.shift = None
+        if affine is not None:  # computed in float64, stored in the output dtype
+            scale, shift = (torch.tensor(v, dtype=torch.float64).view(-1, 1, 1) for v in affine)
+            self.scale, self.shift = scale.to(dtype), shift.to(dtype)
+
+    def __call__(self, pixels: Any) -> Any:
+        import torch
+        from torchvision import tv_tensors
+
+        for probability, dim in self.flips:
+            if torch.rand(1) < probability:
+                pixels = pixels.flip(dim)
+        if self.scale is not None and self.shift is not None:
+            # The multiply reads the (channels-last) resize output and writes CHW: no extra copy.
+            out = torch.empty(pixels.shape, dtype=self.scale.dtype)
+            pixels = torch.mul(pixels, self.scale, out=out).add_(self.shift)
+        elif self.dtype is not None:
+            pixels = pixels.to(self.dtype, memory_format=torch.contiguous_format)
+        else:
+            pixels = pixels.contiguous()
+        return tv_tensors.Image(pixels) if self.as_image else pixels
+
+
+def fuse_tail(steps: Any) -> FusedTail | None:
+    """A :class:`FusedTail` for the v2 steps after ``RandomResizedCrop``, or None.
+
+    Fuses exactly these v2 classes, on the ``uint8`` crop: ``RandomHorizontalFlip``,
+    ``RandomVerticalFlip``, ``PILToTensor`` (a no-op on tensors), ``ToImage``, ``ToPureTensor``,
+    ``ToDtype`` to ``float32``/``float64`` (once, from ``uint8``) and ``Normalize`` after it.
+    Anything else (subclasses, v1 transforms, other dtypes, a zero std) returns None, and the
+    steps then run one by one, with their own checks and errors.
+    """
+    import torch
+    from torchvision.transforms import v2
+
+    flips: list[tuple[float, int]] = []
+    dtype, as_image = None, False
+    scale: list[float] = [1.0]  # output = pixel * scale + shift, per channel
+    shift: list[float] = [0.0]
+    for step in steps:
+        kind = type(step)
+        if kind in (v2.RandomHorizontalFlip, v2.RandomVerticalFlip):
+            flips.append((step.p, -1 if kind is v2.RandomHorizontalFlip else -2))
+        elif kind in (v2.ToImage, v2.ToPureTensor):
+            as_image = kind is v2.ToImage
+        elif kind is v2.ToDtype and step.dtype == (dtype or torch.uint8):
+            continue  # already that dtype: v2 returns the input unchanged
+        elif kind is v2.ToDtype and dtype is None and step.dtype in (torch.float32, torch.float64):
+            dtype = step.dtype
+            scale = [1 / 255] if step.scale else [1.0]
+        elif kind is v2.Normalize and dtype is not None and _fits(step.mean, step.std):
+            mean, std = _per_channel(step.mean), _per_channel(step.std)
+            scale = [a / s for a, s in zip(_per_channel(scale), std, strict=True)]
+            shift = [(b - m) / s for b, m, s in zip(_per_channel(shift), mean, std, strict=True)]
+        elif kind is not v2.PILToTensor:
+            return None
+    identity = scale == [1.0] and shift == [0.0]
+    return FusedTail(flips, dtype, None if identity else (scale, shift), as_image)
+
+
+def _fits(mean: Any, std: Any) -> bool:
+    """Per-channel (1 or 3 values) statistics with no zero std, as Normalize accepts for RGB."""
+    return len(mean) in (1, 3) and len(std) in (1, 3) and all(float(s) != 0 for s in std)
+
+
+def _per_channel(values: Any) -> list[float]:
+    values = [float(v) for v in values]
+    return values * 3 if len(values) == 1 else values
