@@ -1,7 +1,8 @@
 """The shard writer: pack image folders, CSV/JSONL lists or sample iterables into tar shards.
 
-Indexing other tools' shards (:func:`index_shards`), views and merges live in
-:mod:`shardstream._catalog` and are re-exported here.
+Indexing other tools' shards (:func:`index_shards`), views and merges are named here too, as
+at the top level (``shardstream.index_shards``). The names in ``__all__`` are the public ones;
+the modules with a leading underscore are private and may move.
 
 Examples:
     >>> from shardstream.shardwriter import build_shards
@@ -10,9 +11,8 @@ Examples:
 
 from __future__ import annotations
 
+# The catalog's operations are also named here, where they were before the catalog package.
 from shardstream._catalog.execute import merge_partitions
-
-# The catalog's operations are also named here, where they were before shardstream._catalog.
 from shardstream._catalog.indexer import IndexOptions, index_shards
 from shardstream._catalog.views import make_view, split_dataset
 from shardstream._format.verify import verify_dataset

@@ -2,12 +2,13 @@
 that a resume (and an evaluation) counts every sample as it should.
 
 ``StreamingDataset`` is the entry point (it needs torch); ``StreamingDataLoader`` adds
-checkpointable positions. The modules here wire; the work is in folders, each importing only
-those before it: ``planning/`` (torch-free, I/O-free formulas of the epoch's order),
-``decoding/`` (samples to training values, GPU decoding), ``worker/`` (what one DataLoader
-worker runs), ``control/`` (which pass a process reads, the resume state) and ``diagnostics/``
-(statistics, ``shardstream bench``). Names are imported lazily, so the torch-free parts import
-without torch.
+checkpointable positions. The names listed in ``__all__`` are the public ones; everything with
+a leading underscore is private and may move. The private modules here wire; the work is in
+private folders, each importing only those before it: ``_planning/`` (torch-free, I/O-free
+formulas of the epoch's order), ``_decoding/`` (samples to training values, GPU decoding),
+``_worker/`` (what one DataLoader worker runs), ``_control/`` (which pass a process reads, the
+resume state) and ``_diagnostics/`` (statistics, ``shardstream bench``). Names are imported
+lazily, so the torch-free parts import without torch.
 """
 
 from __future__ import annotations

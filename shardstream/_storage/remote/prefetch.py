@@ -4,7 +4,7 @@ A streaming worker knows which pieces of which shards it will open next (its win
 but opens each only when its first sample is due, and every open on an object store waits for
 a first byte. :class:`PrefetchQueue` takes those
 announcements (:meth:`PrefetchQueue.hint`), opens the ranges ahead of use as background
-streams (their spans fetched by the shared :class:`~shardstream._storage.remote.prefetch.FetchPool`),
+streams (their spans fetched by the shared :class:`FetchPool`),
 and hands a stream over when the same range is opened (:meth:`PrefetchQueue.take`).
 
 Memory bound: the streams opened ahead and not yet taken cover at most ``budget_bytes`` per
@@ -333,7 +333,7 @@ class FetchPool:
 
     Between ``min_threads`` and ``max_threads`` threads run at once: :attr:`gauge` measures
     each GET's first-byte delay against its transfer time and asks for more requests in flight
-    when the store answers slowly (see :mod:`shardstream._storage.remote.prefetch`). Threads start on
+    when the store answers slowly (see this module's docstring). Threads start on
     demand and exit after ``idle_exit_s`` without work, or when the count asked for drops.
     """
 

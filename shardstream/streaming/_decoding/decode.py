@@ -137,9 +137,9 @@ class SampleConverter:
 
     The decode/transform policy lives here: a torchvision v2 ``Compose`` that starts with
     ``RandomResizedCrop`` takes the fast crop decoder (see
-    :mod:`shardstream.streaming._decoding.fastcrop`), which also applies the transform; otherwise the
-    image is decoded (at reduced JPEG scale when the transform shrinks it anyway) and then
-    transformed.
+    :mod:`~shardstream.streaming._decoding.fastcrop`), which also applies the transform;
+    otherwise the image is decoded (at reduced JPEG scale when the transform shrinks it anyway)
+    and then transformed.
 
     With a :class:`~.gpudecode.GpuDecode` as ``decode``, images are not decoded here: each
     leaves as an :class:`~.encoded.EncodedImage` with its crop and flips drawn (when the
