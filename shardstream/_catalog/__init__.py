@@ -3,23 +3,25 @@
 - ``shardlist.py``: :func:`resolve_source`, the one function that turns a source (a dataset
   folder, a manifest file, a brace pattern, a ``.txt`` file of URLs, a list of URLs) into a
   :class:`ShardList`; every entry point (index, the datasets, mixtures) reads sources with it,
-  and :func:`read_dataset`, its half for sources with a manifest (views, ``inspect``, ``verify``);
-- ``facts.py``: what the default epoch order depends on (indexed, local, sample size);
-- ``indexer.py`` and ``indexgrowth.py``: :func:`index_shards`, manifests for other tools' shards;
-- ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies;
-- ``partitionmerge.py``: :func:`merge_partitions`, one manifest over partitions built elsewhere;
-- ``versions.py``: versioned manifests of a dataset that grows (``unlisted.py``: the shard
-  files only pruned versions list);
-- ``exclude.py``: :func:`exclude_samples`, a version that leaves samples out, in place
-  (``locate.py``: named samples to their shards and positions);
-- ``dups.py`` and ``dupscan.py``: :func:`find_duplicates`, equal content within and across
-  datasets, from the indexes' digests;
-- ``attach.py`` and ``whereview.py``: :func:`attach_columns`, fields by key, and views by a
-  predicate over them (``viewmanifest.py``: the manifest every kind of view writes);
-- ``execute.py``: runs index and build tasks on processes or any executor.
+  and :func:`read_dataset`, its half for sources with a manifest (views, ``inspect``,
+  ``verify``); also what the default epoch order depends on (:class:`DatasetFacts`) and the
+  check of shard sizes a dataset makes when it is opened;
+- ``indexer.py``: :func:`index_shards`, manifests for other tools' shards (and again, for the
+  new ones only, after the folder gained shards);
+- ``views.py``: :func:`make_view` and :func:`split_dataset`, subsets by key without copies, and
+  views by a predicate over attached fields;
+- ``execute.py``: runs index and build tasks on processes or any executor, and
+  :func:`merge_partitions`, one manifest over partitions built elsewhere;
+- ``versions.py``: versioned manifests of a dataset that grows, the shard files only pruned
+  versions list, and the records of the views that read a dataset;
+- ``exclude.py``: :func:`exclude_samples`, a version that leaves samples out, in place, and
+  where named samples are (their shards and positions);
+- ``dups.py``: :func:`find_duplicates`, equal content within and across datasets, from the
+  indexes' digests;
+- ``attach.py``: :func:`attach_columns`, fields by key from Parquet, CSV or JSONL tables.
 
 The catalog imports storage and format only; the writer and the streaming side import it.
-Names are imported lazily, so importing one module (``facts``) imports nothing else.
+Names are imported lazily, so importing one module imports nothing else.
 
 Examples:
     >>> from shardstream._catalog import resolve_source

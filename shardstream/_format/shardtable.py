@@ -4,7 +4,7 @@ A list of a million ``ShardInfo`` objects costs about a gigabyte and seconds to 
 :class:`ShardTable` holds the same facts as columns: sample counts and byte sizes as ``int64``
 arrays, checksums as raw bytes, names as one UTF-8 blob with offsets (or, for the usual
 ``prefix-000123.tar`` names, just a template). It is a read-only ``Sequence[ShardInfo]`` that
-makes each ``ShardInfo`` only when asked, and its binary form (:mod:`.tablefile`) is read back
+makes each ``ShardInfo`` only when asked, and its binary form (this module) is read back
 by reference (over a memory map), so opening a dataset of 1e6 shards takes milliseconds and the
 pages are shared by every process that maps them.
 

@@ -5,23 +5,24 @@ writer and the reader name files relative to it and ask it the few questions sto
 stat, the bytes of a range (alone, or many announced ahead), listing, exclusive create and
 atomic publish. Its parts:
 
-- ``store.py``: :class:`Store`, the API the rest of shardstream uses;
+- ``store.py``: :class:`Store`, the API the rest of shardstream uses; shard URLs as written
+  (globs expanded, list entries resolved); one writer per local destination (the lock);
+  several small objects read at once;
 - ``ranges.py``: :class:`~shardstream._storage.ranges.Ranges`, a reader's byte ranges of one
-  store (what a streaming worker asks for: buffers, streams, announcements);
-- ``backends/``: one file per kind of store (local files, S3, HTTP, GCS, Azure, any other
-  fsspec filesystem) and the one switch that picks a backend from a URL's protocol
-  (``backends/__init__.py``);
+  store (what a streaming worker asks for: buffers, streams, announcements), and a local file
+  that ends at a range's end;
+- ``backends/``: one file per kind of store (local files and their memory maps, S3 and its
+  client, HTTP, GCS, Azure, any other fsspec filesystem, the shard cache) and the one switch
+  that picks a backend from a URL's protocol (``backends/__init__.py``);
 - ``remote/``: the machinery of remote reads: ranged requests retried and resumed at the byte
   reached, spans fetched by a shared pool whose size follows the measured first-byte latency,
-  announced ranges fetched ahead, reused receive buffers, several small objects at once, and
-  the local shard cache;
-- ``options.py``: :class:`ReadOptions` (retries, read-ahead, cache) and upload part sizes;
-- ``patterns.py``: shard URLs as written: globs expanded, list entries resolved, missing files;
-- ``bounded.py``, ``processlocal.py``: a local file that ends at a range's end, one object per
-  process (what a forked worker inherits is never used);
-- ``limits.py``, ``lock.py``, ``redact.py`` and ``redacterrors.py``, ``diagnose.py``: open-file
-  budgets, one writer per local destination, keeping credentials out of messages, exceptions
-  and log records, one-line failure diagnoses.
+  announced ranges fetched ahead, reused receive buffers, and the local shard cache;
+- ``options.py``: :class:`ReadOptions` (retries, read-ahead, cache), upload part sizes, and
+  the open-file budget;
+- ``messages.py``: credentials kept out of every message, exception and log record, and
+  one-line failure diagnoses;
+- ``background.py``: the training process's one thread machinery (an ordered background
+  stage) and one object per process (what a forked worker inherits is never used).
 """
 
 from __future__ import annotations

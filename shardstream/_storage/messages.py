@@ -7,13 +7,13 @@ presigned query strings (``X-Amz-Signature=...``), a password in an ``endpoint_u
 remembers its secrets here when it is made (:func:`remember_secrets`, in each process that
 makes or unpickles one), and :func:`redact_text` masks every secret the process knows, as
 well as URL user info and signatures, in any text. Exceptions (a client's own, chained into
-shardstream's) and log records are redacted with it in :mod:`.redacterrors`.
+shardstream's) and log records are redacted with it in this module.
 
 Exceptions and log records without secrets: a client's error text included.
 
 A client's own exception (botocore, aiohttp, gcsfs, adlfs) may quote a secret the user gave
 shardstream: a bucket name made of ``KEY:SECRET@bucket``, an endpoint URL with its password,
-a SAS token in a request URL. :func:`redact_error` masks what :mod:`.redact` knows in an
+a SAS token in a request URL. :func:`redact_error` masks what this module knows in an
 exception and every exception chained to it, in place, so that its ``str``, ``repr`` and
 formatted traceback (and a DataLoader worker's, formatted before it crosses processes) carry
 none. :func:`redacting_methods` applies it to what a class's methods raise (the

@@ -1,7 +1,7 @@
 """Google Cloud Storage (``gs://``, ``gcs://``): ranged media GETs pinned to a generation.
 
 Listing and writing go through gcsfs (its uploads publish an object only when they complete).
-Reads are the JSON API's media downloads sent on the pooled HTTP client of :mod:`.httpclient`
+Reads are the JSON API's media downloads sent on the pooled HTTP client of :mod:`.http`
 (:class:`GcsSource`, with gcsfs's credentials): as many in flight as the measured first-byte
 latency asks, announced ranges fetched ahead, retries that resume at the byte reached. The
 first answer's ``x-goog-generation`` pins the version: later GETs ask ``ifGenerationMatch`` on

@@ -11,7 +11,7 @@ HTTP(S) servers (read-only): ranged GETs on keep-alive connections, versions che
 
 Datasets are often served over plain HTTP(S): a Hugging Face ``resolve/main/...`` URL, a web
 server, a CDN in front of a bucket. :class:`HttpBackend` reads them as S3 is read: ranged GETs
-(:class:`HttpSource`, on the pooled client of :mod:`.httpclient`), several in flight as the
+(:class:`HttpSource`, on the pooled client of this module), several in flight as the
 measured first-byte latency asks, announced ranges fetched ahead, retries that resume at the
 byte reached. The first answer's ``ETag`` (or ``Last-Modified``) is the object's version: later
 GETs carry ``If-Range`` on it, and an answer of another version (a whole new body where a

@@ -7,7 +7,7 @@ Either way botocore's own retries are off (the
 :class:`~shardstream._storage.remote.retry.Retrier` owns them) and the first ranged GET's
 ``Content-Range`` and ``ETag`` give the object's size and version (no HEAD); later GETs carry
 ``If-Match`` on that ETag. Writes are multipart uploads with parts in flight
-(:mod:`.s3upload`), and an exclusive create is a ``PutObject`` with ``If-None-Match: *``.
+(:mod:`.s3client`), and an exclusive create is a ``PutObject`` with ``If-None-Match: *``.
 """
 
 from __future__ import annotations

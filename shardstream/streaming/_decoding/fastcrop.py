@@ -44,7 +44,7 @@ transform's own ``make_params`` (same distribution, same torch RNG draws, so see
 deterministic), and then, by what measured fastest for that crop:
 
 - with ``shardstream[fastjpeg]`` (nvImageCodec) installed, unless the crop is at least 4x the
-  output on both sides: decodes only the crop window (:mod:`.jpegcrop`), skipping the rows
+  output on both sides: decodes only the crop window (this module), skipping the rows
   below the crop and the colour work outside it (faster than a full decode, README:
   *Streaming*), and the same pixels;
 - crop at least 2x (4x, 8x) the output on both sides: decodes at 1/2 (1/4, 1/8) DCT scale
@@ -58,7 +58,7 @@ and runs the remaining steps fused (:class:`FusedTail`: flips on ``uint8``, then
 ``ToDtype``/``Normalize`` as one multiply-add) when they are the usual ones. Pixels match the
 generic path within resampling rounding. Anything else (non-JPEG, other transforms, other
 interpolation) takes the generic path. Pixel members (``build --pixels``) skip the decode:
-the crop is drawn the same way and cut from their stored pixels (:mod:`.pixelcrop`)."""
+the crop is drawn the same way and cut from their stored pixels (this module)."""
 
 from __future__ import annotations
 
@@ -415,7 +415,7 @@ class CropDecoder:
         return 1
 
     def _decode_window(self, data: bytes, image: Any, params: dict[str, int]) -> Any | None:
-        """The resized crop from a crop-window decode (:mod:`.jpegcrop`), or None."""
+        """The resized crop from a crop-window decode (this module), or None."""
         import torch
         from torchvision.transforms.v2 import functional
 

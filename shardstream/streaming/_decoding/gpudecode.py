@@ -31,7 +31,7 @@ workers hand over encoded images with their crops and flips already drawn (see
 :mod:`.encoded`); :class:`~shardstream.StreamingDataLoader` then decodes each batch
 on the GPU before handing it to the training step. A CUDA decoder cannot run in forked
 DataLoader workers, so it runs here, after the hand-off, on a stream of its own (see
-:mod:`.gpuorder`), one batch ahead of the training step."""
+this module), one batch ahead of the training step."""
 
 from __future__ import annotations
 

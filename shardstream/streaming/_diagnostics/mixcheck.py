@@ -14,7 +14,7 @@ Torch-free formulas over label arrays, shared by ``shardstream bench --shuffle``
 
 :func:`check_mix` runs the real loader (``StreamingDataLoader`` with the given workers, batch
 size and options, as rank 0 of ``world_size``) reading only labels, and compares its batches
-with a uniformly random permutation of the same data (:mod:`.mixmetrics`): distinct labels per
+with a uniformly random permutation of the same data (this module): distinct labels per
 batch, and, with a manifest, the rank correlation between where samples were written and when
 they were read (from the plan, which the loader follows exactly). The random order's figure is
 exact when the whole dataset was read; otherwise it comes from labels of samples drawn

@@ -1,7 +1,7 @@
 """Mixtures as one epoch sequence: exact quotas per stream, interleaved runs, closed form.
 
 Each stream gets a per-epoch quota of samples (:func:`stream_quotas`). A stream's samples are
-laid out in an endless cycle of passes, each pass its shards (or chunks, see :mod:`.chunkorder`) in
+laid out in an endless cycle of passes, each pass its shards (or chunks, see :mod:`.order`) in
 a seeded order; epoch ``e``
 takes the quota-long window that starts at ``e * quota``. So every stream visits all its
 samples before repeating any, across epochs, and a stream smaller than its quota repeats whole

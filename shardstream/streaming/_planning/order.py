@@ -211,7 +211,7 @@ class PlanOptions:
         piece_size: Longest run of consecutive samples read from one place of a shard.
         num_open: Pieces interleaved at once: a worker stream is read in windows of about
             ``num_open * piece_size`` samples whose pieces are interleaved at random.
-        chunk_size: Samples per chunk of the epoch's order (see :mod:`.chunkorder`); 0 reads
+        chunk_size: Samples per chunk of the epoch's order (see this module); 0 reads
             whole shards in a seeded order.
     """
 

@@ -9,7 +9,7 @@ are storage's (:meth:`shardstream._storage.Store.ranges`).
 
 Opening one piece (samples ``[start, stop)`` of one shard): the one place a worker does it.
 
-With the shard's byte-offset index (see :mod:`.indexes`), a piece asks storage for exactly the
+With the shard's byte-offset index (see this module), a piece asks storage for exactly the
 bytes ``[offsets[start], offsets[stop])`` (:class:`~shardstream._storage.ranges.Ranges`: a slice
 of the shard's memory map locally, ranged requests on an object store, taken over from an
 announcement when one is under way) and parses its samples in place; no walk over the members

@@ -14,7 +14,7 @@ and hands them out. Two sources feed it:
   ``num_workers``-th step of the pass (see :mod:`shardstream.streaming._planning.split`); each
   step reads a slice of one stream per plan rank through a :class:`~.cursor.StreamCursor`. A
   resumed worker starts at its next step: nothing before it is read or replayed.
-- shards without counts: whole shards, interleaved and shuffled (:mod:`.wholeshardpass`).
+- shards without counts: whole shards, interleaved and shuffled (this module).
 
 What one DataLoader worker runs for shards of unknown length (no manifest): its whole
 shards, several open at once, through a bounded shuffle buffer, in batches.

@@ -8,7 +8,7 @@ takes its samples' rows, and each sample gets its row's values as members.
 One worker's shard reader: open a run of samples of any shard, with its caches and limits.
 
 A DataLoader worker makes one :class:`ShardReader` per pass. It holds what the worker keeps
-between pieces (indexes and walked offsets, see :mod:`.indexes`; each store's byte ranges, see
+between pieces (indexes and walked offsets, see :mod:`.pieces`; each store's byte ranges, see
 :meth:`shardstream._storage.Store.ranges`) and the read settings, so the rest of the worker asks
 only for ``open(shard, first, stop)``."""
 
