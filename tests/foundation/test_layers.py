@@ -1,5 +1,5 @@
-"""The layers import one way: errors <- storage <- format <- catalog <- {shardwriter, streaming}
-<- cli.
+"""The layers import one way: errors <- _storage <- _format <- _catalog <- {shardwriter,
+streaming} <- _cli (the private packages start with an underscore).
 
 Read from the source with ``ast`` (every import, also those inside functions and those under
 ``TYPE_CHECKING``: a type-only import is still a dependency, and a circle through one is still
@@ -8,8 +8,8 @@ Inside a package, folders import one way too (``FOLDER_ORDER``). No two modules 
 name (a newcomer who opens ``passes.py`` should find the one meant), and none is over
 ``MAX_LINES`` lines.
 Planning is torch-free and I/O-free, the format package torch-free, and both import in a Python
-where torch cannot be imported at all. Pass control (``streaming/control``) never imports the
-dataset or the loader it serves, and only ``control/context.py`` reads ``torch.distributed`` or
+where torch cannot be imported at all. Pass control (``streaming/_control``) never imports the
+dataset or the loader it serves, and only ``_control/context.py`` reads ``torch.distributed`` or
 the DataLoader worker.
 """
 
@@ -29,14 +29,14 @@ FACTS = "shardstream._catalog.shardlist"
 ALLOWED = {
     "errors": set(),
     "_version": set(),
-    "storage": set(),
-    "format": {"storage"},
-    "catalog": {"storage", "format"},
-    "shardwriter": {"storage", "format", "catalog"},
-    "streaming": {"storage", "format", "catalog"},
-    "cli": {"storage", "format", "catalog", "shardwriter", "streaming"},
-    "__init__": {"storage", "format", "catalog", "shardwriter", "streaming"},
-    "__main__": {"cli"},
+    "_storage": set(),
+    "_format": {"_storage"},
+    "_catalog": {"_storage", "_format"},
+    "shardwriter": {"_storage", "_format", "_catalog"},
+    "streaming": {"_storage", "_format", "_catalog"},
+    "_cli": {"_storage", "_format", "_catalog", "shardwriter", "streaming"},
+    "__init__": {"_storage", "_format", "_catalog", "shardwriter", "streaming"},
+    "__main__": {"_cli"},
 }
 
 
@@ -85,8 +85,8 @@ def test_layers_import_one_way() -> None:
 #: folder and those before it, never one after. The package's own modules (the dataset, the
 #: loader, ``store.py``) wire the folders together and are not in the order.
 FOLDER_ORDER = {
-    "storage": ["remote", "backends"],
-    "streaming": ["planning", "decoding", "worker", "control", "diagnostics"],
+    "_storage": ["remote", "backends"],
+    "streaming": ["_planning", "_decoding", "_worker", "_control", "_diagnostics"],
 }
 
 
@@ -134,7 +134,7 @@ MAX_LINES = 700
 def test_no_two_library_modules_share_a_file_name() -> None:
     seen: dict[str, list[str]] = {}
     for path in PACKAGE.rglob("*.py"):
-        if path.name in SHARED_NAMES or path.parent.name == "cli":
+        if path.name in SHARED_NAMES or path.parent.name == "_cli":
             continue
         seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
@@ -205,7 +205,7 @@ def test_planning_is_io_free() -> None:
             for alias in node.names
         }
         assert not every & IO_MODULES, (module, every & IO_MODULES)
-        runtime = ("shardstream.storage", "shardstream.streaming._worker")
+        runtime = ("shardstream._storage", "shardstream.streaming._worker")
         targets = _imports(path, set(modules))
         assert not [target for target in targets if target.startswith(runtime)], module
 

@@ -42,7 +42,7 @@ def test_only_the_storage_package_imports_fsspec_or_botocore() -> None:
     package = pathlib.Path(shardstream.__file__).parent
     offenders = []
     for path in package.rglob("*.py"):
-        if "storage" in path.relative_to(package).parts:
+        if "_storage" in path.relative_to(package).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
@@ -56,16 +56,16 @@ def test_storage_modules_form_no_import_cycle() -> None:
     import ast
     import pathlib
 
-    folder = pathlib.Path(shardstream.__file__).parent / "storage"
+    folder = pathlib.Path(shardstream.__file__).parent / "_storage"
     edges: dict[str, set[str]] = {}
     for path in folder.glob("*.py"):
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "shardstream.st"
+                "shardstream._st"
             ):
                 module = (node.module or "").rsplit(".", 1)[-1]
-                targets |= {module} if module != "storage" else {a.name for a in node.names}
+                targets |= {module} if module != "_storage" else {a.name for a in node.names}
         edges[path.stem] = targets & {p.stem for p in folder.glob("*.py")} - {"__init__"}
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
