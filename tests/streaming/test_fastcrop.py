@@ -291,7 +291,7 @@ def test_window_decoder_is_silent_and_fork_safe() -> None:
     """Importing nvImageCodec without the nvJPEG wheels prints to stderr; the library must not."""
     code = (
         "import os\n"
-        "from shardstream.streaming._decoding import jpegcrop\n"
+        "from shardstream.streaming._decoding import fastcrop as jpegcrop\n"
         "from tests.streaming.test_fastcrop import _photo\n"
         "data = _photo(120, 90, 0)\n"
         "assert jpegcrop.decode_window(b'\\xff\\xd8 junk', 0, 0, 20, 20) is None\n"
