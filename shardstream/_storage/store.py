@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import time
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, cast
@@ -42,6 +43,7 @@ from shardstream._storage.backends.localmaps import DEFAULT_MAP_CACHE_BYTES
 from shardstream._storage.background import ProcessLocal
 from shardstream._storage.options import DEFAULT_PART_SIZE_BYTES, ReadOptions, StorageOptions
 from shardstream._storage.ranges import Ranges
+from shardstream._storage.remote.prefetch import pool_for
 from shardstream.errors import ConfigError, DatasetExistsError
 
 __all__ = [
@@ -504,8 +506,9 @@ def destination_lock(dest: Store, what: str = "build") -> Iterator[None]:
                 os.rmdir(folder)
 
 
-#: Reads in flight at once per process.
-_MAX_THREADS = 16
+#: Reads in flight at once per process: a window's indexes (up to 64 first, see the streaming
+#: reader) in one request latency. Threads start as reads are submitted, up to this many.
+_MAX_THREADS = 64
 
 _pool: ProcessLocal[ThreadPoolExecutor] = ProcessLocal(
     lambda: ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="shardstream-small-read")
@@ -532,4 +535,15 @@ def read_ranges(store: Store, ranges: Sequence[tuple[str, int | None]]) -> list[
 
     if store.is_local or len(ranges) < 2:
         return [read(item) for item in ranges]
-    return list(_pool.get().map(read, ranges))
+    gauge = pool_for(store.read_options).gauge
+
+    def timed(item: tuple[str, int | None]) -> bytes | OSError:
+        started = time.monotonic()
+        data = read(item)
+        if not isinstance(data, OSError):
+            # A small object's GET is its first-byte wait: the fetch pool, which runs the
+            # pieces these indexes locate next, starts with as many in flight as it asks for.
+            gauge.record(time.monotonic() - started, 0.0)
+        return data
+
+    return list(_pool.get().map(timed, ranges))

@@ -13,7 +13,7 @@ from shardstream import RandomAccessDataset
 from shardstream._cli import main
 from shardstream._storage import ReadOptions, Store
 from shardstream._storage.background import ProcessLocal
-from shardstream._storage.remote import prefetch
+from shardstream._storage.remote import prefetch, reading
 from shardstream._storage.remote import prefetch as hints
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from tests.stores.conftest import StoreUnderTest
@@ -98,6 +98,26 @@ def test_indexes_are_read_once_per_shard_across_epochs(
     assert 0 < index_gets <= 2 * shards, f"{index_gets} index GETs for {shards} shards"
 
 
+@pytest.mark.parametrize("num_shards", [96, 192])
+def test_a_fresh_worker_asks_for_its_first_pieces_after_one_round_of_indexes(
+    http_store: StoreUnderTest, tmp_path: pathlib.Path, num_shards: int
+) -> None:
+    """What stands before a fresh worker's first piece GET does not grow with the shards of
+    its window: the indexes of its first 64 pieces, read at once; the rest come after."""
+    folder, _ = make_dataset(tmp_path, 2 * num_shards, 2, num_classes=4)
+    url = http_store.put(folder, f"many-{tmp_path.name}")
+    options = StreamOptions(output="dict", storage_options=http_store.options, read_options=FAST)
+    dataset = StreamingDataset(url, decode="raw", batch_size=8, seed=3, options=options)
+    http_store.proxy.clear()
+    batch = next(iter(StreamingDataLoader(dataset, num_workers=1)))  # a fresh worker process
+    assert len(batch["__key__"]) == 8
+    gets = [target for method, target in http_store.proxy.requests if method == "GET"]
+    first_piece = next(n for n, target in enumerate(gets) if ".tar" in target)
+    before = sum(".idx" in target for target in gets[:first_piece])
+    assert 0 < before <= 64, f"{before} index GETs before the first piece's"
+    assert sum(".idx" in target for target in gets) >= num_shards, "the window's others follow"
+
+
 def test_inspect_and_verify_name_the_store(
     any_store: StoreUnderTest, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -134,6 +154,9 @@ def test_announced_pieces_are_one_get_each_unless_long(
     """A piece announced ahead is fetched by one GET up to 4 MiB (a split would halve the mean
     request on small shards); a longer one opens with a short GET and fetches the rest after."""
     monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
+    # A process whose first pieces were announced already (those open shorter, see below).
+    warm = ReadOptions().max_requests
+    monkeypatch.setattr(reading, "_num_announced", ProcessLocal(lambda: itertools.count(warm)))
     sizes = [3 << 19, 4 << 20, 5 << 20]  # 1.5 MiB, the longest one-GET piece, a long one
     store, blob = _one_blob(any_store, tmp_path, sum(sizes), ReadOptions(prefetch_bytes=sum(sizes)))
     bounds = [sum(sizes[:n]) for n in range(len(sizes) + 1)]
@@ -141,6 +164,33 @@ def test_announced_pieces_are_one_get_each_unless_long(
     any_store.proxy.clear()
     assert _announced_then_read(store, ranges) == blob
     assert any_store.proxy.count("GET", "shard.tar") == 1 + 1 + 2
+
+
+def test_a_fresh_processs_first_pieces_open_short_and_all_at_once(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's first ``max_requests`` pieces (what a fresh worker's first batch waits on)
+    open with a 256 KiB GET each and count that much against the prefetch budget, so all of
+    them start at once; each one's rest is asked for when its opening is read."""
+    monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
+    monkeypatch.setattr(reading, "_num_announced", ProcessLocal(itertools.count))
+    piece, count = 3 << 19, 6  # 1.5 MiB each: read sample by sample, so worth opening short
+    options = ReadOptions(min_requests=2, max_requests=4, prefetch_bytes=1 << 20)
+    store, blob = _one_blob(any_store, tmp_path, piece * count, options)
+    ranges = [("shard.tar", n * piece, (n + 1) * piece) for n in range(count)]
+    any_store.proxy.clear()
+    store.prefetch(ranges, "group")
+    queue = hints.process_queue(0)
+    assert len(queue._ready) == 4 and queue.used_bytes == 4 * (256 << 10), (
+        "the four first pieces opened at once within a 1 MiB budget"
+    )
+    read = []
+    for name, start, end in ranges:
+        with store.open_read(name, start, end) as stream:
+            read.append(stream.read())
+    hints.forget("group")
+    assert b"".join(read) == blob
+    assert any_store.proxy.count("GET", "shard.tar") == 4 * 2 + 2, "opening + rest, then whole"
 
 
 def _one_blob(

@@ -24,10 +24,12 @@ clients and threads of their own.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Hashable, Sequence
 from typing import IO, Any, cast
 
+from shardstream._storage.background import ProcessLocal
 from shardstream._storage.options import ReadOptions
 from shardstream._storage.ranges import BoundedFile
 from shardstream._storage.remote import prefetch as hints
@@ -61,6 +63,17 @@ _RANGE_WHOLE_BYTES = 4 * 2**20
 #: hundreds of MB had arrived). Shorter announced ranges are one GET, as opened ones are: the
 #: prefetch budget bounds what a first batch waits for, and a split would halve the mean request.
 _ANNOUNCED_FIRST_SPAN_BYTES = 512 * 2**10
+#: First GET of each of a process's first ``ReadOptions.max_requests`` announced ranges longer
+#: than ``_RANGE_OPEN_BYTES`` (shorter ones are read whole at once). A fresh worker's first
+#: batch takes a sample or two from each of dozens of pieces, read sample by sample: it waits
+#: for their first bytes, not for whole pieces (64 pieces of 2 MiB are 128 MiB to move before
+#: it; 64 openings of 256 KiB, 16 MiB). Such a range counts this much against the prefetch
+#: budget, so all of them start at once, and its rest is asked for when its opening is read
+#: (one more GET, once per process and piece; later ranges are one GET, as above).
+_COLD_OPENING_BYTES = 256 * 2**10
+
+#: Ranges this process announced so far (a forked worker counts its own).
+_num_announced: ProcessLocal[itertools.count[int]] = ProcessLocal(itertools.count)
 
 
 def _extent_bytes(read_ahead_bytes: int) -> int:
@@ -177,33 +190,42 @@ def prefetch_remote(
         return
     if options.prefetch_bytes <= 0:
         return
-    entries = [
-        (hints.range_key(fs, path, start, end), end - start,
-         functools.partial(_open_ahead, backend, fs, path, shown, secrets, options, start, end))
-        for path, shown, start, end in ranges
-        if end > start
-    ]  # fmt: skip
+    counter = _num_announced.get()
+    entries = []
+    for path, shown, start, end in ranges:
+        if end <= start:
+            continue
+        # The first pieces a process reads: what its first batch waits on.
+        cold = next(counter) < options.max_requests and end - start > _RANGE_OPEN_BYTES
+        entries.append((
+            hints.range_key(fs, path, start, end),
+            min(end - start, _COLD_OPENING_BYTES) if cold else end - start,
+            functools.partial(_open_ahead, backend, fs, path, shown, secrets, options, start,
+                              end, cold),
+        ))  # fmt: skip
     hints.process_queue(options.prefetch_bytes).hint(group, entries)
 
 
 def _open_ahead(
     backend: Any, fs: Any, path: str, shown: str, secrets: list[str], options: ReadOptions,
-    start: int, end: int,
+    start: int, end: int, cold: bool = False,
 ) -> IO[bytes]:  # fmt: skip
     """A stream of ``[start, end)`` whose spans are submitted to the pool now (no waiting).
 
     Unlike :func:`open_remote` nothing is fetched in the caller's thread: a missing object
     raises on the first read. The object may be shorter than ``end``: reads then end early.
+    ``cold``: only the first ``_COLD_OPENING_BYTES`` are submitted now, the rest when they are
+    read.
     """
     stop = threading.Event()
     retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     source = backend.range_source(fs, path, options)
     pool = pool_for(options)
-    whole = end - start <= _RANGE_WHOLE_BYTES
+    opening = end - start if end - start <= _RANGE_WHOLE_BYTES else _ANNOUNCED_FIRST_SPAN_BYTES
     extents = SpanPrefetcher(
         span_fetch(source, retrier, pool.gauge), start, end,
-        _extent_bytes(options.read_ahead_bytes), options.read_ahead_bytes, pool, stop,
-        first_span_bytes=end - start if whole else _ANNOUNCED_FIRST_SPAN_BYTES,
+        _extent_bytes(options.read_ahead_bytes), 0 if cold else options.read_ahead_bytes, pool,
+        stop, first_span_bytes=min(opening, _COLD_OPENING_BYTES) if cold else opening,
     )  # fmt: skip
     return cast(IO[bytes], RemoteStream(extents, shown, end, start))
 

@@ -117,6 +117,11 @@ class IndexCache:
         (data,) = read_ranges(self._store, [(name, _read_end(num_samples))])
         return self._keep(name, self._decode(name, data, num_samples, num_bytes))
 
+    def holds(self, name: str) -> bool:
+        """Whether index ``name`` is loaded (or known unusable) already."""
+        with self._lock:
+            return name in self._indexes
+
     def preload(self, wanted: Sequence[tuple[str, int | None, int | None]]) -> None:
         """Load the indexes ``(name, num_samples, num_bytes)`` not cached yet, all at once
         (on an object store: one request latency for all of them, not one each)."""

@@ -110,6 +110,10 @@ def _with_fields(samples: Iterator[Any], rows: dict[str, list[Any]]) -> Iterator
 
 logger = logging.getLogger("shardstream.streaming")
 
+#: Pieces announced first, before the rest of a window's indexes are read: more than a first
+#: batch draws from (about ``min(batch_size, num_open)``) at the default batch sizes.
+_FIRST_PIECES = 64
+
 #: The advice to skip, cut from messages of errors that are being skipped.
 _SKIP_ADVICE = re.compile(r",? or pass on_error='skip'[^.]*")
 
@@ -242,6 +246,24 @@ class ShardReader:
                 if spec.excluded:  # the stored span that holds the kept samples
                     first, stop = _stored_span(self._kept_ordinals(shard, spec, None), first, stop)
                 wanted.append((spec, first, stop))  # views read runs of kept samples
+        # A fresh reader loads the first pieces' indexes first and announces their ranges, so
+        # their GETs start while the other indexes come: what stands before its first piece
+        # GET is one round of index reads, however many shards the window holds. (Only when
+        # no index is loaded yet: then nothing announced before can be dropped by the first
+        # announcement, which replaces the group's.)
+        if len(wanted) > _FIRST_PIECES and not any(map(self._holds_index, wanted)):
+            self._announce(wanted[:_FIRST_PIECES], group)
+        self._announce(wanted, group)
+
+    def _holds_index(self, piece: tuple[ShardSpec, int, int | None]) -> bool:
+        spec = piece[0]
+        return spec.index is not None and self._indexes[spec.store_index].holds(spec.index)
+
+    def _announce(
+        self, wanted: Sequence[tuple[ShardSpec, int, int | None]], group: Hashable
+    ) -> None:
+        """Load the indexes of ``wanted`` pieces ``(spec, first, stop)``; announce their ranges
+        (replacing ``group``'s earlier announcements)."""
         self._preload_indexes([spec for spec, _, _ in wanted])
         ranges: dict[int, list[tuple[str, int, int]]] = {}
         for spec, first, stop in wanted:
