@@ -18,8 +18,9 @@ Plain data (no I/O, no imports of storage), so the torch-free, I/O-free order fo
 :mod:`shardstream.streaming._planning.order` take it as it is, and
 :meth:`~shardstream._catalog.shardlist.ShardList.facts` fills it in from the shard list.
 
-The check a dataset makes of its shard files when it is opened: a manifest that describes
-other files (one copied from another dataset) is refused before any worker reads a shard.
+Shard files against their manifest's sizes: the check a dataset makes when it is opened (a
+manifest that describes other files, one copied from another dataset, is refused before any
+worker reads a shard), and the shards cut since, which the loader names when a worker died.
 
 Sources -> shard lists: the one function every entry point turns a source into shards with.
 
@@ -44,6 +45,7 @@ request each)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Sequence
@@ -76,6 +78,7 @@ __all__ = [
     "ShardSource",
     "ShardSpec",
     "Source",
+    "cut_shards",
     "expand_pattern",
     "newest_version",
     "read_dataset",
@@ -242,6 +245,33 @@ def refuse_other_shards(dataset: Store, shards: Store, manifest: Manifest) -> No
         f"manifest says {expected}); was it copied from another dataset? Restore its own "
         "manifest, or index the shards again (`shardstream index DEST --overwrite`)"
     )
+
+
+def cut_shards(
+    sources: Sequence[ShardSource], max_found: int = 3, max_checked: int = 100_000
+) -> list[str]:
+    """Local shards now shorter than their manifests say (at most ``max_found``), as shown in
+    messages: one ``stat`` per shard, of at most ``max_checked`` shards. For after a reader
+    died of a bus error (SIGBUS), which a memory-mapped file cut while it is read causes.
+
+    Examples:
+        >>> cut_shards([])
+        []
+    """
+    found: list[str] = []
+    checked = 0
+    for source in sources:
+        table = source.table
+        if not source.shards.is_local or not isinstance(table, ShardTable):
+            continue
+        for name, expected in zip(table.names, table.num_bytes.tolist(), strict=True):
+            checked += 1
+            if checked > max_checked or len(found) >= max_found:
+                return found
+            with contextlib.suppress(OSError):  # a missing shard: the reader names it
+                if os.stat(source.shards.local_path(name)).st_size < expected:
+                    found.append(source.shards.shown(name))
+    return found
 
 
 #: Files a folder's listing takes as shards.

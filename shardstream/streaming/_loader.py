@@ -19,12 +19,14 @@ from typing import Any
 
 import torch.utils.data
 
+from shardstream._catalog.shardlist import cut_shards
 from shardstream._storage.background import BackgroundIterator
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, ShardFormatError
 from shardstream.streaming._control.context import MAX_WORKERS, worker_thread
 from shardstream.streaming._control.position import LoaderPosition, Position
 from shardstream.streaming._dataset import StreamingDataset
 from shardstream.streaming._diagnostics.stats import LoaderStats
+from shardstream.streaming._worker.batch import lost_in
 
 __all__ = [
     "StreamingDataLoader",
@@ -45,7 +47,10 @@ def thread_batches(
     """One pass of ``dataset`` read by ``num_threads`` worker threads, in step order.
 
     Closing the generator (a ``break``, an exception in the loop) stops every thread at its
-    next batch and waits for it; an exception on a thread is raised here at its batch.
+    next batch and waits for it; an exception on a thread is raised here at its batch. A
+    batch whose raw images view memory-mapped shard bytes that their file lost since the
+    batch was made raises :class:`~shardstream.errors.ShardFormatError` here, also with
+    ``on_error="skip"`` (touching them would kill the process with SIGBUS).
 
     Args:
         dataset: A :class:`~shardstream.streaming.StreamingDataset` (or any iterable dataset
@@ -73,6 +78,9 @@ def thread_batches(
                 except StopIteration:
                     active.remove(stage)
                     continue
+                lost = lost_in(item)  # views of a shard file cut since the batch was made
+                if lost is not None:
+                    raise ShardFormatError(lost)
                 yield item
     finally:
         for stage in stages:
@@ -206,6 +214,11 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
             for item in batches:
                 self._position.advance()
                 yield item
+        except RuntimeError as error:  # torch's words for a worker killed by a signal
+            cut = _cut_shards_behind(self.dataset, error)
+            if cut is None:
+                raise
+            raise cut from error
         finally:  # a break or an error: the threads stop now, not when collected
             if threads is not None:
                 # The GPU stage's thread may be pulling from the threads: stop it first (a
@@ -274,6 +287,27 @@ class StreamingDataLoader(torch.utils.data.DataLoader):
         """Where the pass under way started (after a restore, the restored place), or None
         before the first pass: a trainer that fetches batches ahead compares this one."""
         return self._position.pass_start
+
+
+def _cut_shards_behind(dataset: StreamingDataset, error: RuntimeError) -> ShardFormatError | None:
+    """The error to raise instead of torch's when a DataLoader worker died of a bus error
+    (SIGBUS: "killed by signal: Bus error", which torch blames on shared memory) and local
+    shards are now shorter than their manifest says: a memory-mapped file cut while it was read
+    kills its reader that way. None otherwise (torch's error stands)."""
+    cause = error.__cause__
+    if "Bus error" not in f"{error} {cause if cause is not None else ''}":
+        return None
+    cut = cut_shards(dataset.shards.sources)
+    if not cut:
+        return None
+    return ShardFormatError(
+        f"a DataLoader worker was killed by a bus error (SIGBUS) while shard files it reads "
+        f"through memory maps are shorter than their manifest says: {', '.join(cut)}. A shard "
+        "cut or rewritten in place while it is read (a build or copy into the same file, an "
+        "rsync or sync under way) kills its reader. Replace shards by renaming a new file over "
+        "them, check them with `shardstream verify`, or pass StreamOptions(memory_map=False) "
+        "to read instead of mapping."
+    )
 
 
 def _thread_options(num_threads: int, kwargs: dict[str, Any]) -> tuple[int, bool]:

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from shardstream._format.tarreader import iter_samples, open_tar
 from shardstream.errors import ConfigError, ShardFormatError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
+from shardstream.streaming._worker.batch import ByteViews, WrappedViews
 from tests.ddp import exit_rank_cleanly
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import keys_of, make_dataset
@@ -200,7 +201,9 @@ def test_raw_batches_are_views_of_the_shard_files(tmp_path: pathlib.Path) -> Non
     ds = StreamingDataset(root, batch_size=7, shuffle=False, decode="raw", options=OPTIONS)
     batch = next(iter(StreamingDataLoader(ds, num_threads=2)))
     images = batch["image"]
-    assert type(images) is list  # views, not one buffer the bytes were copied into
+    # Views of the shard's bytes (kept to check before hand-out), not one buffer the bytes
+    # were copied into.
+    assert isinstance(images, WrappedViews) and not isinstance(images, ByteViews)
     shard = root / manifest.shards[0].name
     with open(shard, "rb") as stream:
         offsets = [offset for _, offset in iter_samples(open_tar(stream, str(shard)))]

@@ -14,7 +14,14 @@ Maps are copy-on-write, so samples are writable views (``torch.frombuffer`` need
 a write changes only this process's copy of a page. A reader keeps its maps for one pass only
 (:class:`~shardstream._storage.backends.localmaps.LocalRanges` clears them when it closes):
 within a pass every sample is read once, so a sample a training loop wrote into is never read
-again from the same map. A file truncated in place while mapped: see README, *Streaming* (SIGBUS).
+again from the same map.
+
+A file cut shorter while it is mapped faults (SIGBUS, which kills the process) where a view of
+its lost bytes is touched. Each map made here is remembered with its file's name; the file's
+length is asked (one ``fstat``) before a piece is mapped or sliced and before a sample is
+parsed from it (:func:`still_holds`), and :func:`lost_bytes` finds the views of lost bytes
+among a sample's values before they are decoded or collated (docs/guides/streaming.md, *Bad
+data*).
 
 A reader's local files: handles kept open between pieces, and whole-file memory maps.
 
@@ -27,11 +34,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import mmap
 import os
 import threading
 import weakref
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import IO
 
 from shardstream._storage.options import file_budget
@@ -44,7 +52,9 @@ __all__ = [
     "MAP_WINDOW_BYTES",
     "MappedFile",
     "WindowMaps",
+    "lost_bytes",
     "map_range",
+    "still_holds",
 ]
 
 
@@ -87,13 +97,106 @@ class _MapBudget:
 
 _MAPS = _MapBudget()
 
+#: Each live map made here, by ``id``: its file's name for messages, and the file offset it
+#: starts at (a plain dict: looked up for every sample).
+_NAMED: dict[int, tuple[str, int]] = {}
 
-def map_range(fileno: int, begin: int, end: int) -> memoryview | None:
+
+def _track(mapping: mmap.mmap, name: str, base: int) -> None:
+    """Count ``mapping`` in the budget until it is unmapped, and remember its file."""
+    _NAMED[id(mapping)] = (name, base)
+    weakref.finalize(mapping, _untrack, id(mapping))
+
+
+def _untrack(key: int) -> None:
+    _NAMED.pop(key, None)  # before the id can be reused: finalizers run as the map dies
+    _MAPS.give_back()
+
+
+def lost_bytes(values: Iterable[object]) -> str | None:
+    """What is wrong with the first of ``values`` that views memory-mapped bytes its file no
+    longer holds (the file's name, its length now and the bytes lost), or None.
+
+    Touching such a view kills the process with SIGBUS: check a sample's values right before
+    they are touched. A check costs a type test per value and one ``fstat`` per map met; only
+    views into maps made by this module are checked (other values pass).
+
+    Examples:
+        >>> lost_bytes([b"bytes", 3, memoryview(b"not mapped")]) is None
+        True
+    """
+    asked = None  # the last map found whole (a sample's members view one map)
+    for value in values:
+        if type(value) is not memoryview:
+            continue
+        owner = value.obj
+        if owner is asked or type(owner) is not mmap.mmap:
+            continue
+        named = _NAMED.get(id(owner))
+        if named is None:
+            continue
+        try:
+            size = owner.size()  # fstat of the map's own descriptor
+        except (OSError, ValueError):  # a closed map: nothing can view it
+            continue
+        if size >= named[1] + len(owner):
+            asked = owner
+            continue
+        begin = named[1] + _address(value) - _address(owner) if value.nbytes else 0
+        if begin + value.nbytes > size:
+            return _lost_message(named[0], size, begin, begin + value.nbytes)
+    return None
+
+
+def _address(buffer: object) -> int:
+    """Where a writable buffer's first byte is in memory (copy-on-write maps are writable)."""
+    holder = ctypes.c_char.from_buffer(buffer)  # type: ignore[arg-type]
+    try:
+        return ctypes.addressof(holder)
+    finally:
+        del holder  # a live export would keep the map from closing
+
+
+def _lost_message(name: str, size: int, begin: int, end: int) -> str:
+    return (
+        f"{name or 'a memory-mapped shard'}: the file is now {size:,} bytes, but a sample read "
+        f"from its memory map needs bytes {begin:,}..{end:,}: the shard was cut or rewritten "
+        "while it was being read (a build or copy into the same file, an rsync or sync under "
+        "way). Replace shards by renaming a new file over them, check them with `shardstream "
+        "verify`, or pass on_error='skip' (or StreamOptions(memory_map=False) to read instead "
+        "of mapping)."
+    )
+
+
+def still_holds(data: memoryview, end: int) -> bool:
+    """Whether ``data`` may be touched up to file byte ``end``: False when it views a memory
+    map whose file now ends before ``end`` (touching it would kill the process with SIGBUS:
+    read the bytes instead, and the reader reports what is missing). True for anything else.
+    One ``fstat`` for a map."""
+    owner = data.obj
+    if type(owner) is not mmap.mmap:
+        return True
+    try:
+        return end <= owner.size()  # fstat of the map's own descriptor
+    except (OSError, ValueError):  # a closed map: nothing views it
+        return True
+
+
+def _file_too_short(fileno: int, end: int) -> bool:
+    """Whether the file open as ``fileno`` ends before byte ``end`` (one ``fstat``): mapping
+    or touching its bytes past the end would kill the process with SIGBUS."""
+    try:
+        return os.fstat(fileno).st_size < end
+    except OSError:
+        return True
+
+
+def map_range(fileno: int, begin: int, end: int, name: str = "") -> memoryview | None:
     """Bytes ``[begin, end)`` of an open local file as a copy-on-write memory map, or None.
 
     None when the process has as many live maps as its open-file limit allows (see
     :class:`_MapBudget`) or the map fails (then read the bytes instead). The map is released
-    when the last view into it is.
+    when the last view into it is. ``name`` (the file's) is what :func:`lost_bytes` reports.
     """
     if not _MAPS.take():
         return None
@@ -103,7 +206,7 @@ def map_range(fileno: int, begin: int, end: int) -> memoryview | None:
     except (OSError, ValueError):  # e.g. the process's limit on mappings
         _MAPS.give_back()
         return None
-    weakref.finalize(mapping, _MAPS.give_back)
+    _track(mapping, name, base)
     _read_ahead(mapping, fileno, begin, end, base)
     return memoryview(mapping)[begin - base :]
 
@@ -154,14 +257,19 @@ class MappedFile:
 
     __slots__ = ("__weakref__", "_fd", "_mapping", "_view", "size")
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, name: str = "") -> None:
         self.size = size
         self._mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
         self._view = memoryview(self._mapping)
         self._fd = os.dup(fd)  # for the page-cache probe (mmap hides its own copy)
+        _track(self._mapping, name, 0)  # unmapped with its last view
 
-    def piece(self, begin: int, end: int) -> memoryview:
-        """Bytes ``[begin, end)``; read ahead by the kernel at once when they are not cached."""
+    def piece(self, begin: int, end: int) -> memoryview | None:
+        """Bytes ``[begin, end)``; read ahead by the kernel at once when they are not cached.
+        None when the file no longer reaches ``end`` (cut since it was mapped: read it, and
+        the reader reports what is missing)."""
+        if not still_holds(self._view, end):
+            return None
         _read_ahead(self._mapping, self._fd, begin, end, 0)
         return self._view[begin:end]
 
@@ -196,17 +304,17 @@ class FileMaps:
             self._files.move_to_end(key)
         return found
 
-    def open(self, key: Hashable, fd: int, size: int) -> MappedFile | None:
+    def open(self, key: Hashable, fd: int, size: int, name: str = "") -> MappedFile | None:
         """Map the file open as ``fd`` (``size`` bytes long) and keep it as ``key``. None when
-        the file is empty, larger than the budget, or cannot be mapped (map pieces then)."""
+        the file is empty, larger than the budget, or cannot be mapped (map pieces then).
+        ``name`` (the file's) is what :func:`lost_bytes` reports."""
         if not 0 < size <= self.max_bytes or not _MAPS.take(2):
             return None
         try:
-            mapped = MappedFile(fd, size)
+            mapped = MappedFile(fd, size, name)
         except (OSError, ValueError):  # e.g. the process's limit on mappings
             _MAPS.give_back(2)
             return None
-        weakref.finalize(mapped._mapping, _MAPS.give_back)  # unmapped with its last view
         weakref.finalize(mapped, _close_probe, mapped._fd)
         self.drop(key)
         self._files[key] = mapped
@@ -259,6 +367,7 @@ class WindowMaps:
         self._offsets, self._stop, self._window = boundaries, stop, window
         self._view: memoryview | None = None
         self._base = self._end = 0
+        self._name = str(getattr(stream, "name", ""))
         try:
             self._fileno = stream.fileno()
             # Mapping bytes past the end of the file would fault: a shorter file is read (and
@@ -268,7 +377,8 @@ class WindowMaps:
             self.usable = False
 
     def view(self, ordinal: int) -> memoryview | None:
-        """The bytes of range ``ordinal``, or None when they cannot be mapped (read them)."""
+        """The bytes of range ``ordinal``, or None when they cannot be mapped, or the file no
+        longer holds them (read them: the reader reports what is missing)."""
         here, after = self._offsets[ordinal], self._offsets[ordinal + 1]
         view = self._view
         if view is None or here < self._base or after > self._end:
@@ -277,6 +387,9 @@ class WindowMaps:
             view = self._map(ordinal)
             if view is None:
                 return None
+        elif not still_holds(view, after):  # the file was cut since: read from now on
+            self.usable, self._view = False, None
+            return None
         return view[here - self._base : after - self._base]
 
     def _map(self, ordinal: int) -> memoryview | None:
@@ -285,7 +398,10 @@ class WindowMaps:
         last = ordinal + 1
         while last < self._stop and offsets[last + 1] - base <= self._window:
             last += 1
-        view = map_range(self._fileno, base, offsets[last])
+        if _file_too_short(self._fileno, offsets[last]):  # cut since: read (the reader reports)
+            self.usable, self._view = False, None
+            return None
+        view = map_range(self._fileno, base, offsets[last], self._name)
         if view is None:  # out of maps or descriptors: read from now on
             self.usable, self._view = False, None
             return None
@@ -345,17 +461,20 @@ class LocalRanges(Ranges):
         and kept until :meth:`close` (later ranges cost a lookup and a slice). A file larger
         than the map budget, or met when the process is out of maps, has the range mapped
         alone (unless ``alone`` is False: a short range is cheaper to read). None when the
-        file is shorter than ``end`` (a map past the end of a file faults) or no map can be
-        made: read the bytes then."""
+        file is shorter than ``end`` (a map past the end of a file faults; a kept map's file
+        is asked again for each range, in case it was cut since) or no map can be made: read
+        the bytes then."""
         mapped = self._maps.get(name)
         if mapped is None:
             stream, length = self._take(name)
             try:
                 length = length if length >= 0 else _file_length(stream)
-                mapped = None if self._closed else self._maps.open(name, stream.fileno(), length)
+                shown = self.store.shown(name)
+                fileno = stream.fileno()
+                mapped = None if self._closed else self._maps.open(name, fileno, length, shown)
                 if mapped is None:
                     mappable = alone and length >= end
-                    return map_range(stream.fileno(), begin, end) if mappable else None
+                    return map_range(fileno, begin, end, shown) if mappable else None
             finally:
                 self._release(name, stream, length)
         return mapped.piece(begin, end) if mapped.size >= end else None

@@ -19,11 +19,12 @@ batch.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 import numpy as np
 
+from shardstream._storage.backends.localmaps import lost_bytes
 from shardstream.streaming._decoding.encoded import EncodedBatch, EncodedImage
 from shardstream.streaming._decoding.fastcrop import writable_bytes
 from shardstream.streaming._worker import shmpool
@@ -33,9 +34,11 @@ DEFAULT_BUFFERS = 6  # per worker: queued batches (prefetch 2), one in use, one 
 
 __all__ = [
     "ByteViews",
+    "WrappedViews",
     "collate_dicts",
     "collate_encoded",
     "collate_pairs",
+    "lost_in",
     "pack_bytes",
     "stack_or_list",
 ]
@@ -61,6 +64,42 @@ class ByteViews(list):
         return copied
 
 
+class WrappedViews(list):
+    """1-D ``uint8`` tensors that wrap the reader's buffers as they are (no copy), and those
+    buffers (``blobs``): memory-mapped shard bytes a loader checks before handing the batch
+    out (:func:`lost_in`). Pickled or pinned, it becomes a plain ``list`` of tensors."""
+
+    def __init__(self, tensors: Iterable[Any] = (), blobs: Sequence[Any] = ()) -> None:
+        super().__init__(tensors)
+        self.blobs = blobs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return list, (list(self),)
+
+
+def lost_in(batch: Any) -> str | None:
+    """What a batch's wrapped views lost when a memory-mapped shard file they view was cut
+    since the batch was made (touching them would kill the process with SIGBUS), else None.
+
+    Looks at the batch itself, its tuple items and its dict values: where collation puts
+    images (encoded ones too). One ``fstat`` per image's map.
+    """
+    if isinstance(batch, dict):
+        fields: Iterable[Any] = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        fields = batch if not isinstance(batch, WrappedViews) else (batch,)
+    else:
+        fields = (batch,)
+    for field in fields:
+        if isinstance(field, EncodedBatch):
+            field = field.images
+        if isinstance(field, WrappedViews):
+            lost = lost_bytes(field.blobs)
+            if lost is not None:
+                return lost
+    return None
+
+
 def _unpack(buffer: Any, bounds: Sequence[int]) -> list[Any]:
     """The views: one C call (``split``) rather than a slice per blob."""
     sizes = [stop - start for start, stop in itertools.pairwise(bounds)]
@@ -74,7 +113,7 @@ def pack_bytes(
 
     Outside a worker, non-empty writable blobs (the shard reader's ``memoryview`` slices, or
     ``bytearray``) are wrapped as tensors as they are, without the copy; the result is then a
-    plain list.
+    list (:class:`WrappedViews`, which keeps the blobs to check).
 
     Args:
         blobs: Encoded images (any bytes-like objects).
@@ -90,7 +129,7 @@ def pack_bytes(
 
     if not shared and all(writable_bytes(blob) for blob in blobs):
         # Nothing crosses a process: wrap the reader's own buffers, no copy.
-        return [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
+        return WrappedViews([torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs], blobs)
     bounds = [0, *np.cumsum([len(blob) for blob in blobs]).tolist()]
     buffer = shmpool.empty((bounds[-1],), torch.uint8, buffers, shared)
     flat = memoryview(cast(Any, buffer.numpy()))

@@ -47,6 +47,7 @@ from shardstream._format.tarreader import (
     read_plain_sample,
 )
 from shardstream._storage import Store
+from shardstream._storage.backends.localmaps import still_holds
 from shardstream._storage.background import ProcessLocal
 from shardstream._storage.ranges import Ranges
 from shardstream._storage.store import read_ranges
@@ -428,9 +429,11 @@ class ShortPiece(Iterator[Sample]):
         self._next = ordinal + 1
         here, after = self._offsets[ordinal], self._offsets[ordinal + 1]
         sample = None
-        if len(self._data) and after - here <= self._limit:
+        data = self._data
+        # (A mapped file cut since the piece was mapped: its bytes are read instead.)
+        if len(data) and after - here <= self._limit and still_holds(data, after):
             begin = self._begin
-            sample = parse_plain_sample(self._data[here - begin : after - begin], self._url, here)
+            sample = parse_plain_sample(data[here - begin : after - begin], self._url, here)
         if sample is None:  # short, not plain ustar or broken: the full reader says why
             with self._ranges.lend(self._name, here, after) as stream:
                 sample = _read_full(

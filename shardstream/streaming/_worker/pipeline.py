@@ -36,12 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from shardstream._storage.backends.localmaps import lost_bytes
 from shardstream._storage.remote.retry import retries_in_process
-from shardstream.errors import DecodeError
+from shardstream.errors import DecodeError, ShardFormatError
 from shardstream.streaming._planning.split import PassPlan, WholeShardPlan, steps_of_worker
 from shardstream.streaming._planning.windows import StreamId
 from shardstream.streaming._worker.cursor import StreamCursor
-from shardstream.streaming._worker.reader import ShardReader, WorkerStats
+from shardstream.streaming._worker.reader import SKIP_ADVICE, ShardReader, WorkerStats
 
 __all__ = [
     "Batcher",
@@ -173,6 +174,11 @@ class Batcher:
     def _convert(self, sample: Any, stats: WorkerStats) -> Any:
         if sample is None:
             return None
+        # Right before its bytes are touched: a sample whose memory-mapped shard file was cut
+        # since it was read would kill the process with SIGBUS (one fstat per sample).
+        lost = lost_bytes(sample.values()) if isinstance(sample, dict) else None
+        if lost is not None:
+            return self._skip_lost(lost, sample, stats)
         try:
             return self.convert(sample)
         except DecodeError as error:
@@ -181,6 +187,20 @@ class Batcher:
             stats.skipped += 1
             logger.warning("skipping sample: %s", error)
             return None
+
+    def _skip_lost(self, lost: str, sample: dict[str, Any], stats: WorkerStats) -> None:
+        """Raise ``lost`` (what a cut shard file lost), or skip the sample: counted, and logged
+        once per shard and pass as the reader logs the shards it skips."""
+        if self.on_error != "skip":
+            raise ShardFormatError(lost)
+        stats.skipped += 1
+        shard = str(sample.get("__url__", ""))
+        if shard not in stats.broken:
+            stats.broken.add(shard)
+            logger.warning(
+                "skipping samples that cannot be read (on_error='skip'; the count follows at the "
+                "end of the pass): %s", SKIP_ADVICE.sub("", lost),
+            )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,7 @@ from shardstream.streaming._worker.pieces import IndexCache, OffsetIndex, open_p
 __all__ = [
     "FieldCache",
     "ReadSettings",
+    "SKIP_ADVICE",
     "ShardReader",
     "WorkerStats",
 ]
@@ -115,7 +116,7 @@ logger = logging.getLogger("shardstream.streaming")
 _FIRST_PIECES = 64
 
 #: The advice to skip, cut from messages of errors that are being skipped.
-_SKIP_ADVICE = re.compile(r",? or pass on_error='skip'[^.]*")
+SKIP_ADVICE = re.compile(r",? or pass on_error='skip'[^.]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,7 +405,7 @@ class ShardReader:
                 self.stats.broken.add(name)
                 logger.warning(
                     "skipping samples that cannot be read (on_error='skip'; the count follows "
-                    "at the end of the pass): %s", _SKIP_ADVICE.sub("", str(error)),
+                    "at the end of the pass): %s", SKIP_ADVICE.sub("", str(error)),
                 )  # fmt: skip
             if count is not None:
                 yield from itertools.repeat(None, count - produced)
