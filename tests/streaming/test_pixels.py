@@ -32,12 +32,14 @@ from shardstream import (
 )
 from shardstream._format.codecs import encode_pixels
 from shardstream.streaming._decoding.fastcrop import (
+    PendingImage,
     crop_decoder_for,
     crop_pixels,
     decode_image,
     pixel_tensor,
 )
 from shardstream.streaming._options import stream_quotas
+from shardstream.streaming._worker.batch import stack_or_list
 from tests.conftest import encode_image
 from tests.ddp import exit_rank_cleanly
 from tests.streaming.conformance import assert_loader_resumes
@@ -331,3 +333,82 @@ def test_ranks_split_pixel_epochs_exactly(pixel_dataset: str, tmp_path: pathlib.
         assert len(first) == len(second) == 12  # equal batches on every rank
         assert sorted(first + second) == keys  # together, every sample once
     assert ranks[0][0] != ranks[0][1]  # a new order each epoch
+
+
+def _tails() -> dict[str, list[v2.Transform]]:
+    """The steps after the crop that fuse: float normalised, uint8, and as tv_tensors images."""
+    return {
+        "normalised": train_transform().transforms[1:],
+        "uint8": [v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), v2.PILToTensor()],
+        "image": [v2.RandomHorizontalFlip(), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)],
+    }
+
+
+@pytest.mark.parametrize("tail", ["normalised", "uint8", "image"])
+@pytest.mark.parametrize("kind", ["pixels.npy", "jpg"])
+def test_batched_crops_are_finished_into_the_batch_as_one_by_one(tail: str, kind: str) -> None:
+    transform = v2.Compose([v2.RandomResizedCrop(48, antialias=True), *_tails()[tail]])
+    one_by_one = crop_decoder_for(transform, "rgb8")
+    batched = crop_decoder_for(transform, "rgb8", batched=True)
+    assert one_by_one is not None and batched is not None
+    jpegs = [_photo(120, 90, seed) for seed in range(6)]
+    decoded = [decode_image(jpeg, "jpg", "rgb8") for jpeg in jpegs]
+    pixels = [encode_pixels(image.permute(1, 2, 0).numpy()) for image in decoded]
+    members = pixels if kind == "pixels.npy" else jpegs
+    torch.manual_seed(7)
+    expected = [one_by_one(member, kind) for member in members]
+    after_expected = torch.rand(1)
+    torch.manual_seed(7)
+    pending = [batched(member, kind) for member in members]
+    after_pending = torch.rand(1)
+    assert all(isinstance(value, PendingImage) for value in pending)
+    assert after_pending == after_expected  # the flips drawn at decode time, in the same order
+    batch = stack_or_list(pending, True)
+    assert batch.dtype == expected[0].dtype and batch.is_contiguous()
+    assert torch.equal(batch, torch.stack(expected))  # the same values, to the bit
+    if kind == "pixels.npy":  # and torchvision's transform on the decoded image (same draws)
+        torch.manual_seed(7)
+        generic = [
+            transform(tv_tensors.Image(image)).as_subclass(torch.Tensor) for image in decoded
+        ]
+        torch.testing.assert_close(batch, torch.stack(generic))
+
+
+def test_pending_crops_mixed_with_other_images_are_finished_first() -> None:
+    decoder = crop_decoder_for(train_transform(16), "rgb8", batched=True)
+    assert decoder is not None
+    member = encode_pixels(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    torch.manual_seed(0)
+    pending = [decoder(member, "pixels.npy") for _ in range(3)]
+    finished = [value.finish() for value in pending]
+    plain = torch.rand(3, 16, 16)  # e.g. a PNG through the generic path
+    mixed = stack_or_list([pending[0], plain, pending[1]], True)
+    assert torch.equal(mixed, torch.stack([finished[0], plain, finished[1]]))
+    other = torch.rand(3, 8, 8)  # shapes differ: a list of finished images
+    listed = stack_or_list([pending[2], other], True)
+    assert isinstance(listed, list) and torch.equal(listed[0], finished[2]) and listed[1] is other
+
+
+def test_workers_write_normalised_crops_into_their_batches(tmp_path: pathlib.Path) -> None:
+    # A fixed box and a crop of the whole image flipped every time: each batch row is known.
+    build_shards(write_folder(tmp_path / "images", 12), tmp_path / "ds", pixels="32x24",
+                 max_samples_per_shard=5)  # fmt: skip
+    members = _members(str(tmp_path / "ds"))
+    steps = train_transform().transforms
+    whole = v2.RandomResizedCrop((24, 32), scale=(1.0, 1.0), ratio=(4 / 3, 4 / 3), antialias=True)
+    transform = v2.Compose([whole, v2.RandomHorizontalFlip(p=1.0), *steps[2:]])
+    options = StreamOptions(output="dict")
+    dataset = StreamingDataset(
+        str(tmp_path / "ds"), batch_size=4, decode="rgb8", transform=transform, options=options
+    )
+    seen = 0
+    for batch in StreamingDataLoader(dataset, num_workers=2):
+        images = batch["image"]
+        assert images.shape == (4, 3, 24, 32) and images.dtype == torch.float32
+        assert images.is_contiguous()
+        for key, image in zip(batch["__key__"], images, strict=True):
+            stored = tv_tensors.Image(torch.from_numpy(_stored(members[key])).permute(2, 0, 1))
+            expected = transform(stored).as_subclass(torch.Tensor)
+            torch.testing.assert_close(image, expected)
+            seen += 1
+    assert seen == len(members) == 12

@@ -221,6 +221,19 @@ def test_without_workers_batches_are_plain_tensors_on_reused_memory(fresh_pool: 
     assert shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False).data_ptr() == address
 
 
+def test_without_workers_a_larger_batch_replaces_a_free_buffer(fresh_pool: None) -> None:
+    kept = shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False)  # the first buffer
+    freed = shmpool.empty((8, 3, 64, 64), torch.float32, 2, shared=False)  # the second
+    del freed
+    gc.collect()
+    # The second buffer is free but too small: replaced (this compared the buffers' arrays and
+    # raised "truth value of an array is ambiguous" before, whenever it was not the first).
+    bigger = shmpool.empty((8, 3, 128, 128), torch.float32, 2, shared=False)
+    kept.fill_(1.0)
+    bigger.fill_(2.0)
+    assert bool((kept == 1.0).all()) and bool((bigger == 2.0).all())  # two distinct buffers
+
+
 @pytest.mark.parametrize(
     "tensor",
     [

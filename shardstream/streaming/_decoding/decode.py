@@ -152,7 +152,9 @@ class SampleConverter:
         output: ``"pair"`` or ``"dict"``.
         allow_pickle: Unpickle ``.pyd``/``.pth`` members.
         batched: Samples are collated afterwards: raw images may stay the reader's buffer (a
-            ``memoryview``, packed without a copy); otherwise they are handed out as ``bytes``.
+            ``memoryview``, packed without a copy), and fast-path crops may be
+            :class:`~.fastcrop.PendingImage` values (finished as they are written into the
+            batch); otherwise raw images are handed out as ``bytes``.
 
     Examples:
         >>> convert = SampleConverter("raw")
@@ -177,7 +179,7 @@ class SampleConverter:
         self._min_side = min_side_of(transform) if transform is not None else None
         # Fast path: RandomResizedCrop-first transforms decode only the resolution they keep.
         self._crop_decoder = (
-            crop_decoder_for(transform, decode) if isinstance(decode, str) else None
+            crop_decoder_for(transform, decode, batched) if isinstance(decode, str) else None
         )
         # Device decoding: hand images over encoded, their crops drawn here (also transforms).
         self._encoder: CropDraw | KeepEncoded | None = None

@@ -4,7 +4,9 @@ One batch crosses the worker queue as one pickle holding one shared-memory tenso
 instead of one pickle per sample or pickled image bytes:
 
 - decoded images of equal shape are stacked straight into a shared-memory tensor (as
-  ``default_collate`` does in workers), so the training process copies nothing;
+  ``default_collate`` does in workers), so the training process copies nothing; crops whose
+  dtype conversion and ``Normalize`` are still pending (:class:`~.fastcrop.PendingImage`) are
+  finished as they are written there, without a float image per sample;
 - raw (undecoded) images are packed into ONE flat ``uint8`` shared-memory tensor and handed out
   as a list of 1-D ``uint8`` views into it (:class:`ByteViews`): the storage crosses the queue
   once and each view carries only offsets. The views feed GPU JPEG decoders (TorchCodec's
@@ -26,7 +28,7 @@ import numpy as np
 
 from shardstream._storage.backends.localmaps import lost_bytes
 from shardstream.streaming._decoding.encoded import EncodedBatch, EncodedImage
-from shardstream.streaming._decoding.fastcrop import writable_bytes
+from shardstream.streaming._decoding.fastcrop import PendingImage, writable_bytes
 from shardstream.streaming._worker import shmpool
 from shardstream.streaming._worker.shmpool import inline
 
@@ -144,10 +146,13 @@ def stack_or_list(
     """Stack tensors of equal shape into one tensor (shared memory if ``shared``); else a list.
 
     With ``pack``, bytes (raw images) become :class:`ByteViews` over one flat buffer.
-    ``buffers`` and ``shared`` are as in :func:`pack_bytes`.
+    ``buffers`` and ``shared`` are as in :func:`pack_bytes`. :class:`~.fastcrop.PendingImage`
+    values are finished into the stacked tensor's rows, or one by one for a list.
     """
     import torch
 
+    if any(isinstance(value, PendingImage) for value in values):
+        return _stack_pending(values, buffers, shared)
     first = values[0] if values else None
     if pack and isinstance(first, EncodedImage):
         return collate_encoded(values, buffers, shared)
@@ -164,6 +169,23 @@ def stack_or_list(
         out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, shared)
         return torch.stack(list(values), out=out)
     return list(values)
+
+
+def _stack_pending(values: Sequence[Any], buffers: int, shared: bool) -> Any:
+    """Pending crops of one shape and dtype, each finished straight into its row of the batch."""
+    first = values[0]
+    if all(
+        isinstance(value, PendingImage)
+        and value.shape == first.shape
+        and value.dtype == first.dtype
+        for value in values
+    ):
+        out = shmpool.empty((len(values), *first.shape), first.dtype, buffers, shared)
+        for value, row in zip(values, out, strict=True):
+            value.write(row)
+        return out
+    finished = [value.finish() if isinstance(value, PendingImage) else value for value in values]
+    return stack_or_list(finished, False, buffers, shared)
 
 
 def collate_encoded(

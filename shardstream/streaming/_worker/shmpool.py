@@ -117,7 +117,7 @@ class PooledTensor(torch.Tensor):
         return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # buffers are equal only to themselves (their arrays)
 class _Buffer:
     """One reusable buffer in the worker: a memfd mapped once."""
 
