@@ -69,3 +69,22 @@ def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules made mostly of ``slow`` tests run first (a module of one long multi-process test
+    before a module with a few among many quick ones), each module's tests still together (so
+    module fixtures are built once) and in their order. With ``-n 2 --dist worksteal`` (the
+    README's test command) the two workers then share out the long tests early and end on
+    short ones, instead of one worker finishing alone on a long test."""
+    counts: dict[str, list[int]] = {}
+    for item in items:
+        slow_and_all = counts.setdefault(item.nodeid.split("::", 1)[0], [0, 0])
+        slow_and_all[0] += item.get_closest_marker("slow") is not None
+        slow_and_all[1] += 1
+    items.sort(
+        key=lambda item: (
+            -counts[item.nodeid.split("::", 1)[0]][0] / counts[item.nodeid.split("::", 1)[0]][1]
+        )
+    )

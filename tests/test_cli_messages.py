@@ -149,6 +149,7 @@ def test_view_by_keys_says_which_keys_it_did_not_find(
     ), said
 
 
+@pytest.mark.slow
 def test_bench_errors_are_one_line_and_it_can_skip(dataset: pathlib.Path) -> None:
     missing = f"{dataset}/shard-{{000000..000003}}.tar"
     result = _cli("bench", missing, "--batches", "2", "--mode", "raw", "-q")

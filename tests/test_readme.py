@@ -25,6 +25,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import encode_image, write_image_folder
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -133,6 +135,7 @@ def _data(folder: pathlib.Path) -> None:
                 (classes / f"{day}-{item}.jpg").write_bytes(encode_image(24, 16, seed))
 
 
+@pytest.mark.slow
 def test_every_code_block_runs_or_says_why_not(tmp_path: pathlib.Path) -> None:
     blocks = [
         block for page in PAGES

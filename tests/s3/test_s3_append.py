@@ -117,6 +117,7 @@ def _append_and_kill_at(point: str, nth: int, source: Any, dest: str, options: A
     build_shards(source, dest, storage_options=options, append=True, **OPTIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("point", "nth"),
     [

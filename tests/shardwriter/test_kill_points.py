@@ -90,6 +90,27 @@ def _run_and_kill(command: list[str], after_s: float, anchor: pathlib.Path | Non
     time.sleep(after_s)
     os.killpg(process.pid, signal.SIGKILL)  # a build that already ended is still a zombie here
     process.wait(timeout=30)
+    _wait_group_gone(process.pid)
+
+
+def _wait_group_gone(group: int, timeout_s: float = 30.0) -> None:
+    """Wait until no process of ``group`` runs: a killed build's workers share its lock file's
+    ``flock``, so a rerun started while one still runs (a loaded machine can be slow to end
+    them) would find the destination locked."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = []
+        for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:  # the process ended meanwhile
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":  # state, pgrp
+                running.append(stat.parent.name)
+        if not running:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"processes {running} of the killed build still run after {timeout_s}s")
 
 
 def _assert_no_torn_files(dest: pathlib.Path, clean: dict[str, bytes]) -> None:

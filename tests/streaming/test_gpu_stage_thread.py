@@ -180,6 +180,7 @@ def test_stopping_with_batches_in_flight_stops_the_thread(images: pathlib.Path, 
     assert len(stage._run().retired) == 0
 
 
+@pytest.mark.slow
 def test_interpreter_exit_with_batches_in_flight(images: pathlib.Path) -> None:
     code = f"""
 import torch

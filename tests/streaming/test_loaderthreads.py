@@ -317,6 +317,7 @@ def test_statistics_have_a_row_per_thread(tmp_path: pathlib.Path) -> None:
     assert [row["batches"] for row in workers] == [8, 7]  # each thread's turns, counted once
 
 
+@pytest.mark.slow
 def test_the_interpreter_exits_cleanly_with_threads_mid_epoch(tmp_path: pathlib.Path) -> None:
     """A script that stops iterating mid-epoch and ends: the loader's threads, still inside
     torch calls, are stopped before the interpreter exits (it used to abort the process:

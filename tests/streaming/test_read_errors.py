@@ -99,6 +99,7 @@ def test_a_manifest_that_under_counts_a_shard_is_logged_once_per_process(
     assert problems == ["shard-000000.tar: samples expected 7, found 10"]
 
 
+@pytest.mark.slow
 def test_under_counted_shards_are_logged_by_each_worker_once(tmp_path: pathlib.Path) -> None:
     result = subprocess.run(
         [sys.executable, "-c", _READ_IN_WORKERS, str(_under_counted(tmp_path)), "2"],
@@ -136,6 +137,7 @@ print(len(first))
 """
 
 
+@pytest.mark.slow
 def test_a_pass_left_unfinished_ends_quietly_at_exit(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "data"
     build_shards(make_samples(120), root, max_samples_per_shard=30)
