@@ -125,12 +125,13 @@ def lost_bytes(values: Iterable[object]) -> str | None:
         >>> lost_bytes([b"bytes", 3, memoryview(b"not mapped")]) is None
         True
     """
-    asked = None  # the last map found whole (a sample's members view one map)
+    whole: set[int] = set()  # maps found whole: one fstat per map, not per view (a batch's
+    # images come from a few shards, in shuffled order)
     for value in values:
         if type(value) is not memoryview:
             continue
         owner = value.obj
-        if owner is asked or type(owner) is not mmap.mmap:
+        if id(owner) in whole or type(owner) is not mmap.mmap:
             continue
         named = _NAMED.get(id(owner))
         if named is None:
@@ -140,7 +141,7 @@ def lost_bytes(values: Iterable[object]) -> str | None:
         except (OSError, ValueError):  # a closed map: nothing can view it
             continue
         if size >= named[1] + len(owner):
-            asked = owner
+            whole.add(id(owner))
             continue
         begin = named[1] + _address(value) - _address(owner) if value.nbytes else 0
         if begin + value.nbytes > size:
