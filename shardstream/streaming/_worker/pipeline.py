@@ -152,7 +152,11 @@ class Batcher:
         clock = self.clock
         skipped = stats.skipped
         stats.skipped += sum(sample is None for sample in samples)  # placeholders: unreadable
-        converted = [self._convert(sample, stats) for sample in samples]
+        # Before their bytes are touched: a sample whose memory-mapped shard file was cut since
+        # it was read would kill the process with SIGBUS. One fstat per map for the step; only
+        # when something was lost is each sample checked, to raise or skip exactly those.
+        lost = lost_bytes(v for s in samples if isinstance(s, dict) for v in s.values())
+        converted = [self._convert(sample, stats, lost is not None) for sample in samples]
         kept = [value for value in converted if value is not None]
         if clock is not None:
             clock.samples += len(kept)
@@ -171,12 +175,10 @@ class Batcher:
             "batch cannot be collated. Check the shards with `shardstream verify`."
         )
 
-    def _convert(self, sample: Any, stats: WorkerStats) -> Any:
+    def _convert(self, sample: Any, stats: WorkerStats, check: bool) -> Any:
         if sample is None:
             return None
-        # Right before its bytes are touched: a sample whose memory-mapped shard file was cut
-        # since it was read would kill the process with SIGBUS (one fstat per sample).
-        lost = lost_bytes(sample.values()) if isinstance(sample, dict) else None
+        lost = lost_bytes(sample.values()) if check and isinstance(sample, dict) else None
         if lost is not None:
             return self._skip_lost(lost, sample, stats)
         try:
