@@ -143,9 +143,10 @@ def run_row(task: dict) -> dict:
     return {"epochs": results, "stage": stage.stats() if stage is not None else None}
 
 
-def spawn(task: dict) -> dict:
+def spawn(task: dict, script: str = __file__) -> dict:
+    """Run ``script --child TASK`` in a fresh process; its last stdout line is the result."""
     result = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(task)], capture_output=True, text=True
+        [sys.executable, script, "--child", json.dumps(task)], capture_output=True, text=True
     )
     if result.returncode != 0:
         tail = "\n".join(result.stderr.strip().splitlines()[-12:])

@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu import BATCH, dali_batches, prepare, process_cpu_s
+from gpu import BATCH, dali_batches, prepare, process_cpu_s, spawn
 from load import transform_for
 
 ROWS = {
@@ -120,15 +119,6 @@ def run_row(task: dict) -> dict:
     return {"epochs": results}
 
 
-def spawn(task: dict) -> dict:
-    result = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(task)], capture_output=True, text=True
-    )
-    if result.returncode != 0:
-        return {"error": "\n".join(result.stderr.strip().splitlines()[-12:]) or "failed"}
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def print_table(results: dict, args: argparse.Namespace) -> None:
     print(
         f"\n{args.model}, {args.device}, {args.cpus} CPU cores per row, {args.workers} workers /"
@@ -194,7 +184,7 @@ def main() -> None:
             "model": args.model,
             "batch": args.batch,
         }
-        results[row] = spawn(task)
+        results[row] = spawn(task, __file__)
         print(ROWS[row], json.dumps(results[row])[:300], flush=True)
     print_table(results, args)
 
