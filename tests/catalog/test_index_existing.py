@@ -14,14 +14,13 @@ import tarfile
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import webdataset as wds
 
 from shardstream import ConfigError, RandomAccessDataset, SourceError, index_shards, read_manifest
 from shardstream._cli import main as cli_main
 from shardstream._format.verify import verify_dataset
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.streaming.shards import tiny_jpeg
 
 NUM = 37
@@ -222,7 +221,7 @@ def test_indexed_shards_give_exact_epochs_on_gloo_ranks_and_restore_elastically(
     for steps in (0, 3):
         out = tmp_path / f"out{steps}"
         out.mkdir()
-        mp.spawn(
+        spawn_ranks(
             _ranks,
             args=(str(shards), str(tmp_path / f"store{steps}"), str(out), steps),
             nprocs=2,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.s3.s3env import BUCKET
 
 torch = pytest.importorskip("torch")
@@ -60,9 +60,7 @@ def _rank(rank: int, port: int, storage_options: dict[str, Any], out: str) -> No
 
 def _run_ranks(target: Callable[..., None], args: tuple[Any, ...]) -> None:
     """Spawn ``WORLD`` ranks and join them, killing all of them after ``JOIN_TIMEOUT_S``."""
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(target, args=args, nprocs=WORLD, join=False, start_method="spawn")
+    context = spawn_ranks(target, args=args, nprocs=WORLD, join=False)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     try:
         while not context.join(timeout=1.0):

@@ -10,10 +10,9 @@ import pathlib
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.streaming.shards import keys_of
 
 WORLD = 2
@@ -49,5 +48,5 @@ def run_phase(tmp_path: pathlib.Path, root: pathlib.Path, phase: str, *, seed: i
     the keys it read: ``consumed``, or ``rest``/``next`` with their maxima over ranks."""
     store = tmp_path / f"store-{phase}"
     args = (str(root), str(store), str(tmp_path), phase, seed, batches)
-    mp.spawn(_run, args=args, nprocs=WORLD, join=True)
+    spawn_ranks(_run, args=args, nprocs=WORLD, join=True)
     return [json.loads((tmp_path / f"{phase}-{r}.json").read_text()) for r in range(WORLD)]

@@ -9,11 +9,10 @@ import pathlib
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.streaming.shards import make_dataset
 
 WORLD = 3
@@ -49,7 +48,7 @@ def _epochs(rank: int, root: str, store: str, out: str, policy: str, plain: bool
 )
 def test_ranks_cover_the_manifest(tmp_path: pathlib.Path, policy: str, plain: bool) -> None:
     root, manifest = make_dataset(tmp_path, 23, 5)
-    mp.spawn(
+    spawn_ranks(
         _epochs,
         args=(str(root), str(tmp_path / "store"), str(tmp_path), policy, plain),
         nprocs=WORLD,
@@ -92,4 +91,4 @@ def _train(rank: int, root: str, store: str) -> None:
 @pytest.mark.slow
 def test_short_ddp_training_finishes(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 29, 4)  # 29 samples: uneven, needs padding to not hang
-    mp.spawn(_train, args=(str(root), str(tmp_path / "store")), nprocs=WORLD, join=True)
+    spawn_ranks(_train, args=(str(root), str(tmp_path / "store")), nprocs=WORLD, join=True)

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardstream._format.tarreader import iter_samples, open_tar
 from shardstream.errors import ConfigError, ShardFormatError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
 from shardstream.streaming._worker.batch import ByteViews, WrappedViews
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.shards import keys_of, make_dataset
 
@@ -247,7 +246,7 @@ def _rank_epochs(rank: int, root: str, store: str, out: str) -> None:
 def test_every_rank_reads_with_threads_what_it_reads_with_workers(tmp_path: pathlib.Path) -> None:
     root, manifest = make_dataset(tmp_path, 23, 5)
     store = str(tmp_path / "store")
-    mp.spawn(_rank_epochs, args=(str(root), store, str(tmp_path)), nprocs=WORLD, join=True)
+    spawn_ranks(_rank_epochs, args=(str(root), store, str(tmp_path)), nprocs=WORLD, join=True)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORLD)]
     for result in results:
         assert result["{'num_threads': 2}"] == result["{'num_workers': 2}"]

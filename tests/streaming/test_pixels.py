@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from PIL import Image
 from torchvision import tv_tensors
 from torchvision.transforms import v2
@@ -41,7 +40,7 @@ from shardstream.streaming._decoding.fastcrop import (
 from shardstream.streaming._options import stream_quotas
 from shardstream.streaming._worker.batch import stack_or_list
 from tests.conftest import encode_image
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.test_fastcrop import _photo
 
@@ -320,7 +319,7 @@ def _rank_epochs(rank: int, dataset: str, store: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_ranks_split_pixel_epochs_exactly(pixel_dataset: str, tmp_path: pathlib.Path) -> None:
-    mp.spawn(
+    spawn_ranks(
         _rank_epochs,
         args=(pixel_dataset, str(tmp_path / "store"), str(tmp_path)),
         nprocs=2,

@@ -15,14 +15,13 @@ import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardstream._catalog.versions import prune_versions
 from shardstream._storage import Store
 from shardstream.errors import ConfigError
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.shardwriter.growth import write_day
 from tests.streaming.shards import keys_of
 
@@ -85,7 +84,7 @@ def _spawn(tmp_path: pathlib.Path, trials: int, mode: str = "race") -> list[list
     root = tmp_path / "ds"
     build_shards(write_day(tmp_path / "day1", 1, per_class=3), root, **BUILD)  # 6 samples
     args = (str(root), str(tmp_path / "store"), str(tmp_path), trials, mode)
-    mp.spawn(_run, args=args, nprocs=WORLD, join=True)
+    spawn_ranks(_run, args=args, nprocs=WORLD, join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -18,11 +18,10 @@ import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.shardwriter.growth import write_day
 from tests.streaming.shards import keys_of
 
@@ -83,7 +82,7 @@ def _run(rank: int, root: str, store: str, work: str, phase: str) -> None:
 
 def _spawn(work: pathlib.Path, root: pathlib.Path, phase: str) -> list[dict]:
     args = (str(root), str(work / f"store-{phase}"), str(work), phase)
-    mp.spawn(_run, args=args, nprocs=WORLD, join=True)
+    spawn_ranks(_run, args=args, nprocs=WORLD, join=True)
     return [json.loads((work / f"{phase}-{rank}.json").read_text()) for rank in range(WORLD)]
 
 

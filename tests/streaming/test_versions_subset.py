@@ -16,11 +16,10 @@ import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from shardstream.shardwriter import build_shards
 from shardstream.streaming import StreamingDataLoader, StreamingDataset, StreamOptions
-from tests.ddp import exit_rank_cleanly
+from tests.ddp import exit_rank_cleanly, spawn_ranks
 from tests.shardwriter.growth import write_day
 from tests.streaming.shards import keys_of
 
@@ -71,7 +70,7 @@ def test_a_dataset_made_on_one_rank_alone_does_not_hang(tmp_path: pathlib.Path) 
     root = tmp_path / "ds"
     build_shards(write_day(tmp_path / "day1", 1, per_class=6), root, **BUILD)  # 12 samples
     args = (str(root), str(tmp_path / "store"), str(tmp_path))
-    mp.spawn(_run, args=args, nprocs=WORLD, join=True)
+    spawn_ranks(_run, args=args, nprocs=WORLD, join=True)
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     # Each alone reads its rank's half (the ranks are torch.distributed's), and only that.
     assert len(zero["alone"]) == len(one["alone"]) == 6
