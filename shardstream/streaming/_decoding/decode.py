@@ -107,12 +107,6 @@ def _decode_one(
         return data
     try:
         if callable(decode):  # users' decoders get bytes; ours take the reader's buffer too
-            if isinstance(decode, (CropDraw, KeepEncoded)) and is_pixels(extension):
-                raise ConfigError(
-                    f"{_where(sample)}: decode='cuda' takes encoded images, and this dataset "
-                    "stores pixels (build --pixels); pass decode='rgb8' (its transform then "
-                    "crops the pixels on the CPU without a decode)"
-                )
             ours = isinstance(decode, (CropDecoder, CropDraw, KeepEncoded))
             return decode(data if ours else bytes(data), extension)
         if decode not in DECODE_MODES:

@@ -51,7 +51,12 @@ import numpy as np
 from shardstream._storage.background import BackgroundIterator, ProcessLocal
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.streaming._decoding import gpubackends
-from shardstream.streaming._decoding.encoded import EncodedBatch, EncodedImage, flat_bytes
+from shardstream.streaming._decoding.encoded import (
+    PIXELS,
+    EncodedBatch,
+    EncodedImage,
+    flat_bytes,
+)
 from shardstream.streaming._decoding.gpubackends import (
     decode_with_pillow,
     empty_batch,
@@ -117,6 +122,11 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
             several is (``"skip"``).
     """
     rows = np.asarray(batch.params.numpy(), dtype=np.int64).reshape(len(batch), -1)
+    stored = rows[:, PIXELS] == 1
+    if stored.all() and len(batch):
+        return _decode_pixels(run, batch, rows, alive), list(range(len(batch)))
+    if stored.any():
+        return _decode_mixed(run, batch, stored, alive)
     recipe, owner = batch.recipe, run.owner
     arrays = encoded_arrays(batch)
     truncated = truncated_jpegs(arrays)
@@ -150,6 +160,58 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
     if out is not None and recipe is not None:
         return finish_batch(out[: len(kept)], rows[kept], recipe, run.constants), kept
     return _stack(whole), kept
+
+
+def _decode_pixels(run: Any, batch: EncodedBatch, rows: np.ndarray, alive: list[Any]) -> Any:
+    """A batch of pixel crops (``build --pixels``): staged on the host, moved in one copy, then
+    cropped, resized and flipped for the whole batch at once (:func:`.resize_pixels_into`)."""
+    for index, image in enumerate(batch.images):
+        height, width = int(rows[index, 2]), int(rows[index, 3])
+        if image.numel() != height * width * 3:  # a batch made by hand, not by a worker
+            raise DecodeError(
+                f"{batch.where(index)}: pixel crop of {image.numel()} bytes, expected "
+                f"{height} x {width} x 3 = {height * width * 3}; pixel batches are made by "
+                "a dataset's workers with decode='cuda'"
+            )
+    recipe = batch.recipe
+    staged = gpubackends.stage_pixels(batch.images, rows, recipe, run.owner.max_images, run.device)
+    alive.append(staged.buffer)  # read by the copy until the batch's event
+    on_device = gpubackends.to_device(staged.buffer, run.device)
+    run.counts["images"] += len(batch)
+    run.counts["pixels"] += len(batch)
+    if recipe is None:
+        images = gpubackends.pixel_images(staged, on_device, rows)
+        transform = run.owner.transform
+        return _stack([image if transform is None else transform(image) for image in images])
+    out = empty_batch(len(batch), recipe, run.device)
+    gpubackends.resize_pixels_into(out, staged, on_device)
+    unflipped = rows.copy()
+    unflipped[:, 4:6] = 0  # folded into the filters
+    return finish_batch(out, unflipped, recipe, run.constants)
+
+
+def _decode_mixed(
+    run: Any, batch: EncodedBatch, stored: np.ndarray, alive: list[Any]
+) -> tuple[Any, list[int]]:
+    """A batch of encoded images and pixel crops (JPEG and pixel shards mixed): each kind
+    decoded as a batch of its own, then the images put back in the batch's order."""
+    import torch
+
+    kept: list[int] = []
+    images: list[Any] = []
+    for group in (np.flatnonzero(~stored), np.flatnonzero(stored)):
+        part = EncodedBatch(
+            [batch.images[i] for i in group],
+            batch.params[torch.from_numpy(group)],
+            [batch.keys[i] for i in group],
+            [batch.urls[i] for i in group],
+            batch.recipe,
+        )
+        decoded, part_kept = decode_encoded(run, part, alive)
+        kept += [int(group[i]) for i in part_kept]
+        images += list(decoded)
+    order = np.argsort(kept, kind="stable").tolist()
+    return _stack([images[i] for i in order]), sorted(kept)
 
 
 def _fits(image: Any, row: np.ndarray) -> bool:
@@ -435,8 +497,9 @@ class GpuDecode:
             submitted.close(timeout_s=_STOP_WAIT_S)
 
     def stats(self) -> dict[str, Any]:
-        """This process's counts: ``batches``, ``images`` decoded, ``pillow`` (decoded on the
-        CPU after the device decoder rejected them), ``skipped``, ``host_s`` (host time spent
+        """This process's counts: ``batches``, ``images`` decoded, ``pixels`` (of them, crops
+        of pixel members, not decoded), ``pillow`` (decoded on the CPU after the device
+        decoder rejected them), ``skipped``, ``host_s`` (host time spent
         enqueuing), and the ``backend`` used."""
         run = self._runs().peek()
         counts = dict(_ZERO_COUNTS) if run is None else dict(run.counts)
@@ -471,7 +534,14 @@ class GpuDecode:
 #: Longest wait for the stage's thread when the loop stops early.
 _STOP_WAIT_S = 30.0
 
-_ZERO_COUNTS: dict[str, Any] = {"batches": 0, "images": 0, "pillow": 0, "skipped": 0, "host_s": 0.0}
+_ZERO_COUNTS: dict[str, Any] = {
+    "batches": 0,
+    "images": 0,
+    "pixels": 0,
+    "pillow": 0,
+    "skipped": 0,
+    "host_s": 0.0,
+}
 
 
 def resolve_gpu_decode(decode: Any, transform: Any, on_error: str) -> tuple[Any, GpuDecode | None]:
