@@ -17,7 +17,16 @@ in these forms:
   crop per image with ``gather`` and flips half the images with ``masked_fill`` (no
   RandomResizedCrop: no scale or aspect augmentation);
 - ``dali``: NVIDIA DALI's CPU pipeline on the JPEG shards (``benchmarks/_dali.py``), when
-  ``nvidia-dali-cuda130`` is installed; skipped with a note otherwise.
+  ``nvidia-dali-cuda130`` is installed; skipped with a note otherwise;
+- ``pixels-gpu`` / ``jpeg-gpu``: the pixel and JPEG shards with ``decode=GpuDecode(device=...)``
+  (``--device``, ``cuda`` by default; rows skipped without CUDA unless ``--device cpu``, which
+  runs the stage's code on the CPU: a smoke run whose images/s say nothing about a GPU). The
+  workers only draw the crops (and, for pixels, cut them out); the stage in the training
+  process moves each pixel batch in one copy and crops, resizes, flips and normalises it in a
+  few batched operations. Besides the process tree's CPU ms per image, these rows report the
+  stage's host ms per image (``GpuDecode.stats()["host_s"]``: on ``--device cpu`` it includes
+  the resize itself) and, for pixels, the host staging alone (filter taps and the one copy into
+  the staging buffer: what a GPU run pays on its host).
 
 The shardstream rows run the train transform of ``benchmarks/load.py`` (RandomResizedCrop(224)
 drawn per image, flip, float, ImageNet normalisation) with ``--workers`` DataLoader workers,
@@ -30,7 +39,7 @@ system, workers included) from the first batch on, per image; bytes per image is
 stored form takes on disk (tar headers and labels included for shards). Build times are per
 image, on ``--build-workers``.
 
-Usage: python benchmarks/pixels.py [--num-images 2000] [--workers 2] [--repeat 1]
+Usage: python benchmarks/pixels.py [--num-images 2000] [--workers 2] [--repeat 1] [--device cuda]
 """
 
 from __future__ import annotations
@@ -61,7 +70,10 @@ LABELS = {
     "jpeg-uint8": "shardstream JPEG shards (Pillow), uint8 out",
     "tensordict": "tensordict memmap tensorclass (256x256)",
     "dali": "DALI CPU on the JPEG shards",
+    "pixels-gpu": "shardstream pixel shards, decode=GpuDecode",
+    "jpeg-gpu": "shardstream JPEG shards, decode=GpuDecode",
 }
+GPU_ROWS = ("pixels-gpu", "jpeg-gpu")
 
 
 def train_transform(uint8: bool = False):  # type: ignore[no-untyped-def]
@@ -168,12 +180,30 @@ def tensordict_loader(dest: Path):  # type: ignore[no-untyped-def]
 # -- rows ---------------------------------------------------------------------------------------
 
 
-def shardstream_loader(source: str, workers: int, uint8: bool):  # type: ignore[no-untyped-def]
+def shardstream_loader(source: str, workers: int, uint8: bool, decode: object = "pil"):  # type: ignore[no-untyped-def]
     from shardstream import StreamingDataLoader, StreamingDataset
 
     transform = train_transform(uint8)
-    dataset = StreamingDataset(source, batch_size=BATCH, decode="pil", transform=transform)
+    dataset = StreamingDataset(source, batch_size=BATCH, decode=decode, transform=transform)  # type: ignore[arg-type]
     return StreamingDataLoader(dataset, num_workers=workers)
+
+
+class _StagingClock:
+    """Host seconds spent in ``stage_pixels`` (the filter taps and the copy into the buffer)."""
+
+    def __init__(self) -> None:
+        from shardstream.streaming._decoding import gpubackends
+
+        self.seconds, self._module = 0.0, gpubackends
+        self._stage = gpubackends.stage_pixels
+        gpubackends.stage_pixels = self._timed  # type: ignore[assignment]
+
+    def _timed(self, *args):  # type: ignore[no-untyped-def]
+        started = time.thread_time()  # CPU time of the stage's thread alone
+        try:
+            return self._stage(*args)
+        finally:
+            self.seconds += time.thread_time() - started
 
 
 def tree_cpu_seconds() -> float:
@@ -190,7 +220,7 @@ def tree_cpu_seconds() -> float:
     return cpu_seconds() + live
 
 
-def run_row(row: str, workers: int, paths: dict) -> dict:
+def run_row(row: str, workers: int, paths: dict, device: str = "cuda") -> dict:
     import torch
 
     if row == "dali":  # start-up included: DALI reports no first-batch CPU time
@@ -204,24 +234,40 @@ def run_row(row: str, workers: int, paths: dict) -> dict:
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     torch.set_num_threads(workers if row == "tensordict" else 1)
     start = time.perf_counter()
+    stage, staging = None, None
     if row == "tensordict":
         loader = tensordict_loader(Path(paths["tensordict"]))
+    elif row in GPU_ROWS:
+        from shardstream import GpuDecode
+
+        staging = _StagingClock()
+        decode = GpuDecode(device=device)
+        loader = shardstream_loader(paths[row.removesuffix("-gpu")], workers, False, decode)
+        stage = loader.dataset.gpu_decode  # the dataset's copy, given its transform
     else:
         source = row.removesuffix("-uint8").removesuffix("-fastjpeg")
         loader = shardstream_loader(paths[source], workers, row.endswith("-uint8"))
-    first_at, first_cpu, count = 0.0, 0.0, 0
+    first_at, first_cpu, count, host = 0.0, 0.0, 0, (0.0, 0.0)
     for batch in loader:
         images = batch.images if row == "tensordict" else batch[0]
         dtype = torch.uint8 if row.endswith("-uint8") else torch.float32
         assert images.shape[1:] == (3, CROP, CROP) and images.dtype == dtype
         if not first_at:  # start-up (imports, workers, first batch) is reported apart
             first_at, first_cpu = time.perf_counter(), tree_cpu_seconds()
+            if stage is not None and staging is not None:
+                host = (stage.stats()["host_s"], staging.seconds)
         else:
             count += len(images)
+    if device == "cuda" and row in GPU_ROWS:
+        torch.cuda.synchronize()  # the last batches' device work
     seconds = time.perf_counter() - first_at
     del loader  # workers joined: their CPU time is in RUSAGE_CHILDREN
-    return {"samples": count + BATCH, "per_s": count / seconds, "first_s": first_at - start,
-            "cpu_ms": (tree_cpu_seconds() - first_cpu) / count * 1000}  # fmt: skip
+    result = {"samples": count + BATCH, "per_s": count / seconds, "first_s": first_at - start,
+              "cpu_ms": (tree_cpu_seconds() - first_cpu) / count * 1000}  # fmt: skip
+    if stage is not None and staging is not None:
+        result["host_ms"] = (stage.stats()["host_s"] - host[0]) / count * 1000
+        result["staging_ms"] = (staging.seconds - host[1]) / count * 1000
+    return result
 
 
 def spawn(task: dict, repeat: int) -> dict:
@@ -276,6 +322,12 @@ def prepare(args: argparse.Namespace) -> tuple[dict, dict]:
     return paths, facts
 
 
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def has_nvimgcodec() -> bool:
     import importlib.util
 
@@ -293,11 +345,17 @@ def main() -> None:
     parser.add_argument("--build-workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (median kept)")
     parser.add_argument("--rows", nargs="*", help="only these rows (default: all)")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="where the GpuDecode rows' stage runs (cpu: a smoke run)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         task = json.loads(args.child)
-        print(json.dumps(run_row(task["row"], task["workers"], task["paths"])))
+        print(json.dumps(run_row(task["row"], task["workers"], task["paths"], task["device"])))
         return
     paths, facts = prepare(args)
     rows = ["pixels", "jpeg", "original", "pixels-uint8", "jpeg-uint8", "tensordict"]
@@ -305,6 +363,8 @@ def main() -> None:
         rows.insert(1, "jpeg-fastjpeg")
     if "dali_tars" in paths:
         rows.append("dali")
+    if args.device == "cpu" or cuda_available():
+        rows += list(GPU_ROWS)
     if args.rows:
         rows = [row for row in rows if row in args.rows]
     print(f"{args.num_images} images, source JPEGs {facts['source'] / 1000:.1f} KB each; "
@@ -314,9 +374,10 @@ def main() -> None:
           f"{'build ms/img':>12}")  # fmt: skip
     results = {}
     for row in rows:
-        result = spawn({"row": row, "workers": args.workers, "paths": paths}, args.repeat)
+        task = {"row": row, "workers": args.workers, "paths": paths, "device": args.device}
+        result = spawn(task, args.repeat)
         results[row] = result
-        stored = facts.get(row.removesuffix("-fastjpeg").removesuffix("-uint8"), {})
+        stored = facts.get(row.split("-")[0], {})
         size = f"{stored['bytes'] / 1000:7.1f}" if stored else f"{'-':>7}"
         build = f"{stored['build_ms']:12.2f}" if stored else f"{'-':>12}"
         if "per_s" not in result:
@@ -324,6 +385,9 @@ def main() -> None:
             continue
         print(f"{LABELS[row]:<46} {result['per_s']:9.0f} {result['cpu_ms']:10.2f} "
               f"{result['first_s']:8.2f} {size} {build}")  # fmt: skip
+        if "host_ms" in result:
+            staging = f", of it staging {result['staging_ms']:.3f}" if row == "pixels-gpu" else ""
+            print(f"    stage on {args.device}: host {result['host_ms']:.3f} ms/img{staging}")
     if "dali" not in rows:
         print("DALI: not installed (pip install nvidia-dali-cuda130); row skipped")
     base = results.get("pixels", {}).get("per_s")
