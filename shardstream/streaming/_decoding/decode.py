@@ -137,7 +137,8 @@ class SampleConverter:
 
     With a :class:`~.gpudecode.GpuDecode` as ``decode``, images are not decoded here: each
     leaves as an :class:`~.encoded.EncodedImage` with its crop and flips drawn (when the
-    transform is recognised), for the device decoder in the training process.
+    transform is recognised), for the device decoder in the training process; of a pixel
+    member, only the crop's pixels leave.
 
     Args:
         decode: ``"raw"``, ``"pil"``, ``"rgb8"``, a callable ``f(bytes, extension)``, or a

@@ -405,6 +405,10 @@ class GpuDecode:
     ``DecodeError`` naming shard and key, or with ``on_error="skip"`` is left out of its batch
     (the batch is shorter; labels follow) and counted in :meth:`stats`.
 
+    Pixel members (``build --pixels``) are not decoded: the workers hand over each drawn crop's
+    pixels, and a batch of them moves in one copy and is resized as one (see
+    :func:`~.gpubackends.resize_pixels_into`).
+
     Without CUDA, a dataset given ``decode="cuda"`` decodes on the CPU in its DataLoader workers
     instead (logged once), so the same code runs anywhere. ``device="cpu"`` runs this stage on
     the CPU (for tests and comparison).
