@@ -32,6 +32,7 @@ from shardstream.streaming import StreamOptions
 from shardstream.streaming._decoding import gpubackends
 from shardstream.streaming._decoding.encoded import EncodedBatch, crop_draw_for
 from shardstream.streaming._decoding.fastcrop import crop_decoder_for
+from tests.conftest import encode_image
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.test_fastcrop import _photo
 from tests.streaming.test_pixels import _members, _stored, train_transform, write_folder
@@ -316,3 +317,27 @@ def test_jpeg_and_pixel_shards_mixed_in_one_batch(
         kinds = {url.startswith(pixel_dataset) for url in batch["__url__"]}
         mixed += len(kinds) == 2
     assert mixed >= 1  # some batches held both kinds
+
+
+def test_a_mixed_batch_whose_jpegs_are_all_skipped_keeps_its_pixels() -> None:
+    pixels, expected = _pixel_batch(2, (16, 16))
+    draw = crop_draw_for(_crop_flips(16))
+    assert draw is not None
+    broken = [encode_image(48, 40, seed) for seed in (0, 2)]
+    broken = [blob[: len(blob) // 2] for blob in broken]  # headers open, the data cut short
+    rows = [draw(blob, "jpg").params for blob in broken] + pixels.params.tolist()
+    blobs = [bytearray(blob) for blob in broken] + [
+        bytearray(view.numpy()) for view in pixels.images
+    ]
+    views = [torch.frombuffer(blob, dtype=torch.uint8) for blob in blobs]
+    keys = ["j0", "j1", "p0", "p1"]
+    batch = EncodedBatch(views, torch.tensor(rows, dtype=torch.int32), keys, ["s"] * 4, draw.recipe)
+    stage = GpuDecode(device="cpu", on_error="skip")
+    images, keys_kept = stage((batch, keys))
+    assert keys_kept == ["p0", "p1"] and images.shape == (2, 3, 16, 16)
+    assert (images.int() - torch.stack(expected).int()).abs().max() <= 1
+    assert stage.stats()["skipped"] == 2 and stage.stats()["pixels"] == 2
+    with pytest.raises(DecodeError, match="all 2 images of one batch failed"):
+        stage(
+            (EncodedBatch(views[:2], batch.params[:2], keys[:2], ["s"] * 2, draw.recipe), keys[:2])
+        )

@@ -118,8 +118,7 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
         differ), and the indexes of the images kept (all but skipped ones).
 
     Raises:
-        DecodeError: An image is corrupt (``on_error="raise"``), or every image of a batch of
-            several is (``"skip"``).
+        DecodeError: An image is corrupt (``on_error="raise"``).
     """
     rows = np.asarray(batch.params.numpy(), dtype=np.int64).reshape(len(batch), -1)
     stored = rows[:, PIXELS] == 1
@@ -152,11 +151,6 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
                 whole.append(image if owner.transform is None else owner.transform(image))
             kept.append(i)
     run.counts["images"] += len(kept)
-    if not kept and len(batch) > 1:
-        raise DecodeError(
-            f"all {len(batch)} images of one batch failed to decode (see the log); an empty "
-            "batch cannot be collated. Check the shards with `shardstream verify`."
-        )
     if out is not None and recipe is not None:
         return finish_batch(out[: len(kept)], rows[kept], recipe, run.constants), kept
     return _stack(whole), kept
@@ -618,6 +612,12 @@ class _DeviceRun:
         try:
             with self.order.side():
                 images, kept = decode_encoded(self, encoded, alive)
+                if not kept and len(encoded) > 1:
+                    raise DecodeError(
+                        f"all {len(encoded)} images of one batch failed to decode (see the log); "
+                        "an empty batch cannot be collated. Check the shards with "
+                        "`shardstream verify`."
+                    )
                 rest = [self._cut(part, kept, len(encoded)) for part in parts[1:]]
         finally:  # also when a corrupt image raises halfway: earlier parts are enqueued
             with self.order.side():
