@@ -26,7 +26,8 @@ in these forms:
   few batched operations. Besides the process tree's CPU ms per image, these rows report the
   stage's host ms per image (``GpuDecode.stats()["host_s"]``: on ``--device cpu`` it includes
   the resize itself) and, for pixels, the host staging alone (filter taps and the one copy into
-  the staging buffer: what a GPU run pays on its host).
+  the staging buffer: what a GPU run pays on its host). ``--host-split`` also times, in one
+  process and in turns, one batch's host work on each path (see ``host_split``).
 
 The shardstream rows run the train transform of ``benchmarks/load.py`` (RandomResizedCrop(224)
 drawn per image, flip, float, ImageNet normalisation) with ``--workers`` DataLoader workers,
@@ -328,6 +329,52 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def host_split(paths: dict, count: int = 128, repeat: int = 5) -> None:
+    """Host CPU per image of one batch of pixel crops, the paths in turns (thread CPU time):
+    the CPU path's worker work (crop, resize, flip, normalise into the batch) against the GPU
+    path's (draw and cut the crop, pack it) and the stage's staging (filter taps and the copy
+    into the one buffer); what the device does is not in these."""
+    import tarfile
+
+    import numpy as np
+    import torch
+
+    from shardstream.streaming._decoding import gpubackends
+    from shardstream.streaming._decoding.encoded import crop_draw_for
+    from shardstream.streaming._decoding.fastcrop import crop_decoder_for
+    from shardstream.streaming._worker.batch import stack_or_list
+
+    torch.set_num_threads(1)
+    members: list = []
+    for shard in sorted(Path(paths["pixels"]).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members += [tar.extractfile(m).read() for m in tar if m.name.endswith(".pixels.npy")]  # type: ignore[union-attr]
+        if len(members) >= count:
+            break
+    members = [memoryview(bytearray(member)) for member in members[:count]]
+    transform = train_transform()
+    cpu, draw = crop_decoder_for(transform, "rgb8", batched=True), crop_draw_for(transform)
+    times: dict[str, list[float]] = {"CPU path, worker": [], "GPU path, worker": [],
+                                     "GPU path, staging": []}  # fmt: skip
+    for _ in range(repeat):
+        started = time.thread_time()
+        stack_or_list([cpu(member, "pixels.npy") for member in members], True)  # type: ignore[misc]
+        middle = time.thread_time()
+        batch = stack_or_list([draw(member, "pixels.npy") for member in members], True)  # type: ignore[misc]
+        staged = time.thread_time()
+        rows = np.asarray(batch.params.numpy(), dtype=np.int64)
+        gpubackends.stage_pixels(batch.images, rows, batch.recipe, count, torch.device("cpu"))
+        done = time.thread_time()
+        spans = (middle - started, staged - middle, done - staged)
+        for name, seconds in zip(times, spans, strict=True):
+            times[name].append(seconds / len(members) * 1000)
+    print(f"host CPU ms per image, a batch of {len(members)} pixel crops, {repeat} runs in turns:")
+    for name, values in times.items():
+        print(
+            f"    {name:<20} median {sorted(values)[len(values) // 2]:.3f}, min {min(values):.3f}"
+        )
+
+
 def has_nvimgcodec() -> bool:
     import importlib.util
 
@@ -350,6 +397,11 @@ def main() -> None:
         default="cuda",
         choices=["cuda", "cpu"],
         help="where the GpuDecode rows' stage runs (cpu: a smoke run)",
+    )
+    parser.add_argument(
+        "--host-split",
+        action="store_true",
+        help="also split the pixel rows' host CPU per image (CPU vs GPU path)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -388,6 +440,8 @@ def main() -> None:
         if "host_ms" in result:
             staging = f", of it staging {result['staging_ms']:.3f}" if row == "pixels-gpu" else ""
             print(f"    stage on {args.device}: host {result['host_ms']:.3f} ms/img{staging}")
+    if args.host_split:
+        host_split(paths)
     if "dali" not in rows:
         print("DALI: not installed (pip install nvidia-dali-cuda130); row skipped")
     base = results.get("pixels", {}).get("per_s")
