@@ -17,7 +17,17 @@ in these forms:
   crop per image with ``gather`` and flips half the images with ``masked_fill`` (no
   RandomResizedCrop: no scale or aspect augmentation);
 - ``dali``: NVIDIA DALI's CPU pipeline on the JPEG shards (``benchmarks/_dali.py``), when
-  ``nvidia-dali-cuda130`` is installed; skipped with a note otherwise.
+  ``nvidia-dali-cuda130`` is installed; skipped with a note otherwise;
+- ``pixels-gpu`` / ``jpeg-gpu``: the pixel and JPEG shards with ``decode=GpuDecode(device=...)``
+  (``--device``, ``cuda`` by default; rows skipped without CUDA unless ``--device cpu``, which
+  runs the stage's code on the CPU: a smoke run whose images/s say nothing about a GPU). The
+  workers only draw the crops (and, for pixels, cut them out); the stage in the training
+  process moves each pixel batch in one copy and crops, resizes, flips and normalises it in a
+  few batched operations. Besides the process tree's CPU ms per image, these rows report the
+  stage's host ms per image (``GpuDecode.stats()["host_s"]``: on ``--device cpu`` it includes
+  the resize itself) and, for pixels, the host staging alone (filter taps and the one copy into
+  the staging buffer: what a GPU run pays on its host). ``--host-split`` also times, in one
+  process and in turns, one batch's host work on each path (see ``host_split``).
 
 The shardstream rows run the train transform of ``benchmarks/load.py`` (RandomResizedCrop(224)
 drawn per image, flip, float, ImageNet normalisation) with ``--workers`` DataLoader workers,
@@ -30,7 +40,7 @@ system, workers included) from the first batch on, per image; bytes per image is
 stored form takes on disk (tar headers and labels included for shards). Build times are per
 image, on ``--build-workers``.
 
-Usage: python benchmarks/pixels.py [--num-images 2000] [--workers 2] [--repeat 1]
+Usage: python benchmarks/pixels.py [--num-images 2000] [--workers 2] [--repeat 1] [--device cuda]
 """
 
 from __future__ import annotations
@@ -61,7 +71,10 @@ LABELS = {
     "jpeg-uint8": "shardstream JPEG shards (Pillow), uint8 out",
     "tensordict": "tensordict memmap tensorclass (256x256)",
     "dali": "DALI CPU on the JPEG shards",
+    "pixels-gpu": "shardstream pixel shards, decode=GpuDecode",
+    "jpeg-gpu": "shardstream JPEG shards, decode=GpuDecode",
 }
+GPU_ROWS = ("pixels-gpu", "jpeg-gpu")
 
 
 def train_transform(uint8: bool = False):  # type: ignore[no-untyped-def]
@@ -168,12 +181,30 @@ def tensordict_loader(dest: Path):  # type: ignore[no-untyped-def]
 # -- rows ---------------------------------------------------------------------------------------
 
 
-def shardstream_loader(source: str, workers: int, uint8: bool):  # type: ignore[no-untyped-def]
+def shardstream_loader(source: str, workers: int, uint8: bool, decode: object = "pil"):  # type: ignore[no-untyped-def]
     from shardstream import StreamingDataLoader, StreamingDataset
 
     transform = train_transform(uint8)
-    dataset = StreamingDataset(source, batch_size=BATCH, decode="pil", transform=transform)
+    dataset = StreamingDataset(source, batch_size=BATCH, decode=decode, transform=transform)  # type: ignore[arg-type]
     return StreamingDataLoader(dataset, num_workers=workers)
+
+
+class _StagingClock:
+    """Host seconds spent in ``stage_pixels`` (the filter taps and the copy into the buffer)."""
+
+    def __init__(self) -> None:
+        from shardstream.streaming._decoding import gpubackends
+
+        self.seconds, self._module = 0.0, gpubackends
+        self._stage = gpubackends.stage_pixels
+        gpubackends.stage_pixels = self._timed  # type: ignore[assignment]
+
+    def _timed(self, *args):  # type: ignore[no-untyped-def]
+        started = time.thread_time()  # CPU time of the stage's thread alone
+        try:
+            return self._stage(*args)
+        finally:
+            self.seconds += time.thread_time() - started
 
 
 def tree_cpu_seconds() -> float:
@@ -190,7 +221,7 @@ def tree_cpu_seconds() -> float:
     return cpu_seconds() + live
 
 
-def run_row(row: str, workers: int, paths: dict) -> dict:
+def run_row(row: str, workers: int, paths: dict, device: str = "cuda") -> dict:
     import torch
 
     if row == "dali":  # start-up included: DALI reports no first-batch CPU time
@@ -204,24 +235,40 @@ def run_row(row: str, workers: int, paths: dict) -> dict:
         sys.modules["nvidia.nvimgcodec"] = None  # type: ignore[assignment]
     torch.set_num_threads(workers if row == "tensordict" else 1)
     start = time.perf_counter()
+    stage, staging = None, None
     if row == "tensordict":
         loader = tensordict_loader(Path(paths["tensordict"]))
+    elif row in GPU_ROWS:
+        from shardstream import GpuDecode
+
+        staging = _StagingClock()
+        decode = GpuDecode(device=device)
+        loader = shardstream_loader(paths[row.removesuffix("-gpu")], workers, False, decode)
+        stage = loader.dataset.gpu_decode  # the dataset's copy, given its transform
     else:
         source = row.removesuffix("-uint8").removesuffix("-fastjpeg")
         loader = shardstream_loader(paths[source], workers, row.endswith("-uint8"))
-    first_at, first_cpu, count = 0.0, 0.0, 0
+    first_at, first_cpu, count, host = 0.0, 0.0, 0, (0.0, 0.0)
     for batch in loader:
         images = batch.images if row == "tensordict" else batch[0]
         dtype = torch.uint8 if row.endswith("-uint8") else torch.float32
         assert images.shape[1:] == (3, CROP, CROP) and images.dtype == dtype
         if not first_at:  # start-up (imports, workers, first batch) is reported apart
             first_at, first_cpu = time.perf_counter(), tree_cpu_seconds()
+            if stage is not None and staging is not None:
+                host = (stage.stats()["host_s"], staging.seconds)
         else:
             count += len(images)
+    if device == "cuda" and row in GPU_ROWS:
+        torch.cuda.synchronize()  # the last batches' device work
     seconds = time.perf_counter() - first_at
     del loader  # workers joined: their CPU time is in RUSAGE_CHILDREN
-    return {"samples": count + BATCH, "per_s": count / seconds, "first_s": first_at - start,
-            "cpu_ms": (tree_cpu_seconds() - first_cpu) / count * 1000}  # fmt: skip
+    result = {"samples": count + BATCH, "per_s": count / seconds, "first_s": first_at - start,
+              "cpu_ms": (tree_cpu_seconds() - first_cpu) / count * 1000}  # fmt: skip
+    if stage is not None and staging is not None:
+        result["host_ms"] = (stage.stats()["host_s"] - host[0]) / count * 1000
+        result["staging_ms"] = (staging.seconds - host[1]) / count * 1000
+    return result
 
 
 def spawn(task: dict, repeat: int) -> dict:
@@ -276,6 +323,58 @@ def prepare(args: argparse.Namespace) -> tuple[dict, dict]:
     return paths, facts
 
 
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def host_split(paths: dict, count: int = 128, repeat: int = 5) -> None:
+    """Host CPU per image of one batch of pixel crops, the paths in turns (thread CPU time):
+    the CPU path's worker work (crop, resize, flip, normalise into the batch) against the GPU
+    path's (draw and cut the crop, pack it) and the stage's staging (filter taps and the copy
+    into the one buffer); what the device does is not in these."""
+    import tarfile
+
+    import numpy as np
+    import torch
+
+    from shardstream.streaming._decoding import gpubackends
+    from shardstream.streaming._decoding.encoded import crop_draw_for
+    from shardstream.streaming._decoding.fastcrop import crop_decoder_for
+    from shardstream.streaming._worker.batch import stack_or_list
+
+    torch.set_num_threads(1)
+    members: list = []
+    for shard in sorted(Path(paths["pixels"]).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members += [tar.extractfile(m).read() for m in tar if m.name.endswith(".pixels.npy")]  # type: ignore[union-attr]
+        if len(members) >= count:
+            break
+    members = [memoryview(bytearray(member)) for member in members[:count]]
+    transform = train_transform()
+    cpu, draw = crop_decoder_for(transform, "rgb8", batched=True), crop_draw_for(transform)
+    times: dict[str, list[float]] = {"CPU path, worker": [], "GPU path, worker": [],
+                                     "GPU path, staging": []}  # fmt: skip
+    for _ in range(repeat):
+        started = time.thread_time()
+        stack_or_list([cpu(member, "pixels.npy") for member in members], True)  # type: ignore[misc]
+        middle = time.thread_time()
+        batch = stack_or_list([draw(member, "pixels.npy") for member in members], True)  # type: ignore[misc]
+        staged = time.thread_time()
+        rows = np.asarray(batch.params.numpy(), dtype=np.int64)
+        gpubackends.stage_pixels(batch.images, rows, batch.recipe, count, torch.device("cpu"))
+        done = time.thread_time()
+        spans = (middle - started, staged - middle, done - staged)
+        for name, seconds in zip(times, spans, strict=True):
+            times[name].append(seconds / len(members) * 1000)
+    print(f"host CPU ms per image, a batch of {len(members)} pixel crops, {repeat} runs in turns:")
+    for name, values in times.items():
+        print(
+            f"    {name:<20} median {sorted(values)[len(values) // 2]:.3f}, min {min(values):.3f}"
+        )
+
+
 def has_nvimgcodec() -> bool:
     import importlib.util
 
@@ -293,11 +392,22 @@ def main() -> None:
     parser.add_argument("--build-workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row (median kept)")
     parser.add_argument("--rows", nargs="*", help="only these rows (default: all)")
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="where the GpuDecode rows' stage runs (cpu: a smoke run)",
+    )
+    parser.add_argument(
+        "--host-split",
+        action="store_true",
+        help="also split the pixel rows' host CPU per image (CPU vs GPU path)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         task = json.loads(args.child)
-        print(json.dumps(run_row(task["row"], task["workers"], task["paths"])))
+        print(json.dumps(run_row(task["row"], task["workers"], task["paths"], task["device"])))
         return
     paths, facts = prepare(args)
     rows = ["pixels", "jpeg", "original", "pixels-uint8", "jpeg-uint8", "tensordict"]
@@ -305,6 +415,8 @@ def main() -> None:
         rows.insert(1, "jpeg-fastjpeg")
     if "dali_tars" in paths:
         rows.append("dali")
+    if args.device == "cpu" or cuda_available():
+        rows += list(GPU_ROWS)
     if args.rows:
         rows = [row for row in rows if row in args.rows]
     print(f"{args.num_images} images, source JPEGs {facts['source'] / 1000:.1f} KB each; "
@@ -314,9 +426,10 @@ def main() -> None:
           f"{'build ms/img':>12}")  # fmt: skip
     results = {}
     for row in rows:
-        result = spawn({"row": row, "workers": args.workers, "paths": paths}, args.repeat)
+        task = {"row": row, "workers": args.workers, "paths": paths, "device": args.device}
+        result = spawn(task, args.repeat)
         results[row] = result
-        stored = facts.get(row.removesuffix("-fastjpeg").removesuffix("-uint8"), {})
+        stored = facts.get(row.split("-")[0], {})
         size = f"{stored['bytes'] / 1000:7.1f}" if stored else f"{'-':>7}"
         build = f"{stored['build_ms']:12.2f}" if stored else f"{'-':>12}"
         if "per_s" not in result:
@@ -324,6 +437,11 @@ def main() -> None:
             continue
         print(f"{LABELS[row]:<46} {result['per_s']:9.0f} {result['cpu_ms']:10.2f} "
               f"{result['first_s']:8.2f} {size} {build}")  # fmt: skip
+        if "host_ms" in result:
+            staging = f", of it staging {result['staging_ms']:.3f}" if row == "pixels-gpu" else ""
+            print(f"    stage on {args.device}: host {result['host_ms']:.3f} ms/img{staging}")
+    if args.host_split:
+        host_split(paths)
     if "dali" not in rows:
         print("DALI: not installed (pip install nvidia-dali-cuda130); row skipped")
     base = results.get("pixels", {}).get("per_s")

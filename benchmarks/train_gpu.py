@@ -9,6 +9,10 @@ process confined to ``--cpus`` cores:
   own speed: the ceiling every loader is measured against);
 - ``shardstream GPU``: ``decode="cuda"`` (workers draw the crops; ``GpuDecode`` decodes, crops
   and normalises beside the training step, on its own thread and CUDA stream);
+- ``shardstream GPU, pixel shards``: the same images stored as pixels (``build_shards(...,
+  pixels="short=256")``) with ``decode="cuda"``: workers cut each drawn crop out, the stage
+  moves a batch in one copy and crops, resizes, flips and normalises it on the device (with
+  ``--device cpu``, ``GpuDecode(device="cpu")``: the same code on the CPU);
 - ``shardstream CPU``: the CPU path in ``--workers`` DataLoader worker processes, pinned;
 - ``shardstream CPU, threads``: the same in ``num_threads=--workers`` threads;
 - ``DALI GPU``: DALI's webdataset reader, mixed decoder with a random crop, GPU resize and
@@ -38,6 +42,7 @@ from load import transform_for
 ROWS = {
     "model": "model alone (one resident batch)",
     "gpu": "shardstream GPU",
+    "gpu-pixels": "shardstream GPU, pixel shards",
     "cpu": "shardstream CPU",
     "cpu-threads": "shardstream CPU, threads",
     "dali": "DALI GPU",
@@ -46,13 +51,16 @@ CUDA_ONLY = {"gpu", "dali"}
 
 
 def shardstream_epoch(row: str, paths: dict, workers: int, device: str, batch: int):  # type: ignore[no-untyped-def]
-    from shardstream import StreamingDataLoader, StreamingDataset
+    from shardstream import GpuDecode, StreamingDataLoader, StreamingDataset
 
+    decode: object = "pil"
+    if row.startswith("gpu"):
+        decode = GpuDecode(device=device)
     ds = StreamingDataset(
-        paths["shards"],
+        paths["pixel_shards" if row == "gpu-pixels" else "shards"],
         batch_size=batch,
         transform=transform_for("train"),
-        decode="cuda" if row == "gpu" else "pil",
+        decode=decode,  # type: ignore[arg-type]
     )
     if row == "cpu-threads":
         loader = StreamingDataLoader(ds, num_threads=workers, pin_memory=device == "cuda")
@@ -119,6 +127,22 @@ def run_row(task: dict) -> dict:
     return {"epochs": results}
 
 
+def prepare_pixels(num_images: int) -> str:
+    """The same images as pixel shards (shorter side 256), built once."""
+    import shutil
+
+    from _data import DATA_ROOT, imagenet_like
+
+    from shardstream import build_shards
+
+    dest = DATA_ROOT / f"gpu-pixels-{num_images}"
+    if not (dest / "manifest.json").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        images = imagenet_like(num_images, 100)
+        build_shards(images, dest, pixels="short=256", workers=min(8, os.cpu_count() or 1))
+    return str(dest)
+
+
 def print_table(results: dict, args: argparse.Namespace) -> None:
     print(
         f"\n{args.model}, {args.device}, {args.cpus} CPU cores per row, {args.workers} workers /"
@@ -164,7 +188,10 @@ def main() -> None:
         return
     cpu = args.device == "cpu"
     args.batch = args.batch or (32 if cpu else BATCH)
-    paths = prepare(args.num_images or (256 if cpu else 20_000))
+    num_images = args.num_images or (256 if cpu else 20_000)
+    paths = prepare(num_images)
+    if "gpu-pixels" in args.rows:
+        paths["pixel_shards"] = prepare_pixels(num_images)
     results = {}
     for row in args.rows:
         if cpu and row in CUDA_ONLY:

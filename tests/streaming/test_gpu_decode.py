@@ -166,8 +166,8 @@ def test_drawn_parameters_follow_the_transform() -> None:
     rows = [draw(blob, "jpg").params for _ in range(200)]
     torch.manual_seed(7)
     assert [draw(blob, "jpg").params for _ in range(200)] == rows
-    for top, left, height, width, hflip, _, image_height, image_width in rows:
-        assert (image_height, image_width) == (48, 64)
+    for top, left, height, width, hflip, _, image_height, image_width, pixels in rows:
+        assert (image_height, image_width) == (48, 64) and pixels == 0  # encoded, not pixels
         assert top >= 0 and top + height <= 48 and left >= 0 and left + width <= 64
         assert 0.2 * 64 * 48 * 0.9 <= height * width <= 0.5 * 64 * 48 * 1.1
         assert hflip == 0

@@ -1,4 +1,5 @@
-"""GpuDecode on a CUDA GPU: pixels against the CPU stage, stream ordering under a busy step.
+"""GpuDecode on a CUDA GPU: pixels against the CPU stage, stream ordering under a busy step,
+pixel shards (one copy per batch, kernels that do not grow with the batch).
 
 These need a CUDA device and are skipped without one (the CPU half, which tests everything but
 the kernels, is ``test_gpu_decode.py``). Run on a GPU machine with
@@ -17,8 +18,10 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from shardstream import build_shards
+from shardstream._format.codecs import encode_pixels
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.streaming import StreamingDataLoader, StreamingDataset
+from shardstream.streaming._decoding import gpubackends
 from shardstream.streaming._decoding.encoded import EncodedBatch, crop_draw_for
 from shardstream.streaming._decoding.gpudecode import GpuDecode
 from tests.conftest import write_image_folder
@@ -142,3 +145,86 @@ def test_loader_end_to_end_on_the_gpu(tmp_path: pathlib.Path) -> None:
         assert (images.cpu() - want).abs().mean() < 4 / 255 / 0.25
     stats = datasets["cuda"].gpu_decode.stats()  # type: ignore[union-attr]
     assert stats["images"] == 100 and stats["pillow"] == 20  # the PNGs
+
+
+def _pixel_loader(root: pathlib.Path, decode: object, transform: object) -> list:
+    dataset = StreamingDataset(
+        root,
+        batch_size=16,
+        transform=transform,
+        seed=4,
+        decode=decode,  # type: ignore[arg-type]
+    )
+    torch.manual_seed(0)  # the workers' seeds: the same crops drawn on every path
+    return list(StreamingDataLoader(dataset, num_workers=2))
+
+
+def test_pixel_shards_on_the_gpu_in_one_copy_per_batch(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_image_folder(tmp_path / "img", num_classes=4, per_class=25, size=(160, 120), png_every=5)
+    build_shards(tmp_path / "img", tmp_path / "px", max_samples_per_shard=16, pixels="short=96")
+    uint8 = v2.Compose(
+        [
+            v2.RandomResizedCrop(64, scale=(0.05, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.RandomVerticalFlip(),
+        ]
+    )
+    copies: list[str] = []
+    to_device = gpubackends.to_device
+
+    def counting(buffer: torch.Tensor, device: torch.device) -> torch.Tensor:
+        assert buffer.is_pinned()  # so the copy does not wait for the host
+        copies.append(str(device))
+        return to_device(buffer, device)
+
+    monkeypatch.setattr(gpubackends, "to_device", counting)
+    on_gpu = _pixel_loader(tmp_path / "px", "cuda", uint8)
+    on_cpu = _pixel_loader(tmp_path / "px", "rgb8", uint8)
+    assert len(on_gpu) == len(on_cpu) == len(copies) == 7  # one copy per batch
+    for (images, labels), (want, want_labels) in zip(on_gpu, on_cpu, strict=True):
+        assert images.is_cuda and images.dtype == torch.uint8 and images.shape == want.shape
+        assert torch.equal(labels.cpu(), want_labels)
+        # Float filters on the device against the CPU path's uint8 kernel: rounding only.
+        assert (images.cpu().int() - want.int()).abs().max() <= 1
+
+
+def test_pixel_batches_take_as_many_kernels_at_any_size() -> None:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    transform = v2.Compose(
+        [
+            v2.RandomResizedCrop(224, antialias=True),
+            v2.RandomHorizontalFlip(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5] * 3, [0.25] * 3),
+        ]
+    )
+    draw = crop_draw_for(transform)
+    assert draw is not None
+    rng = np.random.default_rng(0)
+
+    def batch(count: int) -> EncodedBatch:
+        sides = [(256, int(rng.integers(256, 400)), 3) for _ in range(count)]
+        members = [encode_pixels(rng.integers(0, 256, side, dtype=np.uint8)) for side in sides]
+        drawn = [draw(member, "pixels.npy") for member in members]
+        packed = torch.frombuffer(bytearray(b"".join(d.data for d in drawn)), dtype=torch.uint8)
+        views = list(packed.split([len(d.data) for d in drawn]))
+        params = torch.tensor([d.params for d in drawn], dtype=torch.int32)
+        return EncodedBatch(views, params, ["k"] * count, ["s"] * count, draw.recipe)
+
+    stage = GpuDecode(max_images=256)
+    stage(batch(4))
+    torch.cuda.synchronize()
+    kernels = []
+    for count in (16, 128):
+        work = batch(count)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as recorded:
+            images = stage(work)
+            torch.cuda.synchronize()
+        assert images.shape == (count, 3, 224, 224) and images.dtype == torch.float32
+        kernels.append(sum(e.device_type == DeviceType.CUDA for e in recorded.events()))
+    # 8x the images, the same kernels (cuBLAS may pick a split matrix product for other shapes)
+    assert 0 < kernels[0] < 40 and abs(kernels[1] - kernels[0]) <= 2, kernels

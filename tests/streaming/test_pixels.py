@@ -18,9 +18,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from shardstream import (
-    ConfigError,
     DecodeError,
-    GpuDecode,
     RandomAccessDataset,
     Stream,
     StreamingDataLoader,
@@ -168,13 +166,6 @@ def test_decode_modes_give_the_stored_pixels(pixel_dataset: str) -> None:
     dataset = StreamingDataset(pixel_dataset, batch_size=4, decode="rgb8", transform=center)
     images, labels = next(iter(dataset))
     assert images.shape == (4, 3, 20, 20) and labels.shape == (4,)
-
-
-def test_the_device_decode_stage_refuses_pixels_with_the_alternative(pixel_dataset: str) -> None:
-    dataset = StreamingDataset(pixel_dataset, batch_size=4, decode=GpuDecode(device="cpu"),
-                               transform=train_transform())  # fmt: skip
-    with pytest.raises(ConfigError, match=r"stores pixels.*decode='rgb8'"):
-        next(iter(StreamingDataLoader(dataset)))
 
 
 def test_a_broken_member_names_shard_and_key_or_is_skipped(

@@ -107,12 +107,6 @@ def _decode_one(
         return data
     try:
         if callable(decode):  # users' decoders get bytes; ours take the reader's buffer too
-            if isinstance(decode, (CropDraw, KeepEncoded)) and is_pixels(extension):
-                raise ConfigError(
-                    f"{_where(sample)}: decode='cuda' takes encoded images, and this dataset "
-                    "stores pixels (build --pixels); pass decode='rgb8' (its transform then "
-                    "crops the pixels on the CPU without a decode)"
-                )
             ours = isinstance(decode, (CropDecoder, CropDraw, KeepEncoded))
             return decode(data if ours else bytes(data), extension)
         if decode not in DECODE_MODES:
@@ -143,7 +137,8 @@ class SampleConverter:
 
     With a :class:`~.gpudecode.GpuDecode` as ``decode``, images are not decoded here: each
     leaves as an :class:`~.encoded.EncodedImage` with its crop and flips drawn (when the
-    transform is recognised), for the device decoder in the training process.
+    transform is recognised), for the device decoder in the training process; of a pixel
+    member, only the crop's pixels leave.
 
     Args:
         decode: ``"raw"``, ``"pil"``, ``"rgb8"``, a callable ``f(bytes, extension)``, or a

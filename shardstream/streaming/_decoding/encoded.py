@@ -4,7 +4,9 @@ With ``decode="cuda"`` (see :mod:`.gpudecode`) a worker does not decode: it read
 size from the header, draws the ``RandomResizedCrop`` box and the flips exactly as the CPU path
 would (the transform's own ``make_params``, then one ``torch.rand(1)`` per flip, in the same
 order, on the worker's RNG), and hands the encoded bytes on with those parameters. The decode,
-crop, resize, flips and normalisation then run on the device in the training process.
+crop, resize, flips and normalisation then run on the device in the training process. A pixel
+member (``build --pixels``) has nothing to decode: its crop is drawn the same way and only the
+crop's pixels are handed over (``uint8`` height x width x 3, marked in the ``pixels`` column).
 
 A :class:`CropRecipe` says what the fused steps after the crop do (the output size, dtype and
 per-channel affine map of ``ToDtype``/``Normalize``); an :class:`EncodedBatch` carries the
@@ -19,8 +21,13 @@ import io
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
+from shardstream._format.codecs import is_pixels, pixel_array
+
 __all__ = [
     "PARAM_COLUMNS",
+    "PIXELS",
     "CropDraw",
     "CropRecipe",
     "EncodedBatch",
@@ -31,7 +38,19 @@ __all__ = [
 ]
 
 #: Columns of an :class:`EncodedBatch`'s parameter table, one row per image.
-PARAM_COLUMNS = ("top", "left", "height", "width", "hflip", "vflip", "image_height", "image_width")
+PARAM_COLUMNS = (
+    "top",
+    "left",
+    "height",
+    "width",
+    "hflip",
+    "vflip",
+    "image_height",
+    "image_width",
+    "pixels",  # 1: the data is the crop's uint8 pixels (height x width x 3), not an encoded image
+)
+#: The ``pixels`` column's index.
+PIXELS = PARAM_COLUMNS.index("pixels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +88,7 @@ class EncodedBatch:
 
     Attributes:
         images: 1-D ``uint8`` tensors, views into one flat buffer (shared memory from workers).
-        params: ``int32`` tensor of shape ``(n, 8)``, columns :data:`PARAM_COLUMNS`.
+        params: ``int32`` tensor of shape ``(n, 9)``, columns :data:`PARAM_COLUMNS`.
         keys: Each image's sample key.
         urls: Each image's shard URL.
         recipe: The steps after the crop, or None (no recognised transform: whole images).
@@ -162,23 +181,44 @@ class CropDraw:
     def __call__(self, data: Any, extension: str) -> EncodedImage:
         """``data`` with its parameter row (:data:`PARAM_COLUMNS`); key and URL left empty.
 
+        A pixel member's crop is drawn from its stored size (the same draws as
+        :func:`~.fastcrop.crop_pixels`) and only the crop's pixels are handed over.
+
         Raises:
-            Exception: The header does not open as an image (PIL's error; the caller wraps it
-                in a ``DecodeError`` naming the sample).
+            Exception: The header does not open as an image (PIL's error), or a pixel member is
+                malformed (a ``DecodeError``); the caller wraps it naming the sample.
         """
         import torch
         from PIL import Image
 
-        del extension  # any format Pillow opens: its size is in the header
+        if is_pixels(extension):
+            array = pixel_array(data, "")
+            height, width, _ = array.shape
+            # make_params reads only the size: a one-byte tensor expanded to it, not the pixels
+            size = torch.empty(1, dtype=torch.uint8).expand(3, height, width)
+            params = self.crop.make_params([size])
+            top, left, crop_height, crop_width = (
+                params[name] for name in ("top", "left", "height", "width")
+            )
+            crop = np.ascontiguousarray(
+                array[top : top + crop_height, left : left + crop_width]
+            ).reshape(-1)
+            row = (top, left, crop_height, crop_width, *self._flips(), height, width, 1)
+            return EncodedImage(crop.data, row, "", "", self.recipe)
         image = Image.open(io.BytesIO(data))  # reads the header only
         params = self.crop.make_params([image])
+        width, height = image.size
+        box = (params["top"], params["left"], params["height"], params["width"])
+        return EncodedImage(data, (*box, *self._flips(), height, width, 0), "", "", self.recipe)
+
+    def _flips(self) -> tuple[int, int]:
+        """``(hflip, vflip)``: one ``torch.rand(1)`` per flip step, in order, as the v2 steps."""
+        import torch
+
         flip_of = {-1: 0, -2: 0}
         for probability, dim in self.tail.flips:
             flip_of[dim] ^= int(torch.rand(1) < probability)  # two flips on one axis cancel
-        width, height = image.size
-        box = (params["top"], params["left"], params["height"], params["width"])
-        row = (*box, flip_of[-1], flip_of[-2], height, width)
-        return EncodedImage(data, row, "", "", self.recipe)
+        return flip_of[-1], flip_of[-2]
 
 
 class KeepEncoded:
@@ -187,7 +227,10 @@ class KeepEncoded:
     recipe = None
 
     def __call__(self, data: Any, extension: str) -> EncodedImage:
-        del extension
+        if is_pixels(extension):  # the whole image's pixels, a view of the member (no header)
+            height, width, _ = pixel_array(data, "").shape
+            pixels = memoryview(data)[len(data) - height * width * 3 :]
+            return EncodedImage(pixels, (0, 0, height, width, 0, 0, height, width, 1), "", "", None)
         return EncodedImage(data, _NO_PARAMS, "", "", None)
 
 

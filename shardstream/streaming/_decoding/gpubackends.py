@@ -28,6 +28,7 @@ few batched operations. Per image the device sees a cast and one resize; the res
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
 import os
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from shardstream.errors import ConfigError
-from shardstream.streaming._decoding.encoded import CropRecipe
+from shardstream.streaming._decoding.encoded import CropRecipe, flat_bytes
 
 __all__ = [
     "BACKENDS",
@@ -47,10 +48,16 @@ __all__ = [
     "NvImageCodecBackend",
     "TorchvisionBackend",
     "decode_with_pillow",
+    "StagedPixels",
     "empty_batch",
+    "filter_taps",
     "finish_batch",
     "make_backend",
+    "pixel_images",
     "resize_crop_into",
+    "resize_pixels_into",
+    "stage_pixels",
+    "to_device",
     "to_device_index",
 ]
 
@@ -365,3 +372,172 @@ def finish_batch(batch: Any, params: np.ndarray, recipe: CropRecipe, cache: dict
 
         batch = tv_tensors.Image(batch)
     return batch
+
+
+# -- pixel crops (``build --pixels``): one copy to the device, a few kernels per batch ----------
+
+#: Sections of a staging buffer start at multiples of this (so they view as int64/float64).
+_ALIGN = 8
+
+
+@dataclasses.dataclass
+class StagedPixels:
+    """A batch of pixel crops in one host buffer, for one copy to the device.
+
+    Attributes:
+        buffer: ``uint8``: each part's filter tables (aligned sections), then every crop's
+            pixels back to back, then one widest line of zeros (the last lines' reads).
+        parts: ``(start, stop, max_height, max_width)``: crops resized together.
+        sections: ``(byte offset, dtype, shape)`` of each part's five tables, in order.
+        pixels_at: Where the pixels start in ``buffer``.
+    """
+
+    buffer: Any
+    parts: list[tuple[int, int, int, int]]
+    sections: list[tuple[int, Any, tuple[int, ...]]]
+    pixels_at: int
+
+
+def stage_pixels(
+    crops: Sequence[Any], rows: np.ndarray, recipe: CropRecipe | None, max_images: int, device: Any
+) -> StagedPixels:
+    """Pack a batch of pixel crops and their resize filters into one staging buffer.
+
+    Per part of ``max_images`` crops: each output row's and column's taps of the antialiased
+    bilinear filter (computed in float64 as torch's ``interpolate(..., antialias=True)``
+    computes them, the drawn flips folded in by reversing the output order) and the byte
+    offset of every crop line (:func:`resize_pixels_into` reads them). Without a recipe only
+    the pixels are staged (whole images). Page-locked for a CUDA ``device``, so the copy does
+    not wait for the host.
+
+    Args:
+        crops: Each crop's pixels, 1-D ``uint8`` tensors (``height x width x 3``, C order).
+        rows: Their parameter rows (:data:`~.encoded.PARAM_COLUMNS`).
+        recipe: The output size and dtype, or None.
+        max_images: Crops resized together (bounds a part's device memory).
+        device: Where the buffer is copied to.
+    """
+    import torch
+
+    sides = rows[:, 2:4].astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sides[:, 0] * sides[:, 1] * 3)])
+    tables: list[np.ndarray] = []
+    parts = []
+    for start in range(0, len(rows) if recipe is not None else 0, max_images):
+        stop = min(len(rows), start + max_images)
+        tables += _part_tables(rows[start:stop], offsets[start:stop], recipe)
+        parts.append(
+            (start, stop, int(sides[start:stop, 0].max()), int(sides[start:stop, 1].max()))
+        )
+    sections, at = [], 0
+    for table in tables:
+        sections.append((at, table.dtype, tuple(table.shape)))
+        at += -(-table.nbytes // _ALIGN) * _ALIGN
+    pixel_bytes = int(offsets[-1])
+    slack = 3 * max((part[3] for part in parts), default=0)
+    size = at + pixel_bytes + slack
+    buffer = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    host = buffer.numpy()
+    for (offset, _, _), table in zip(sections, tables, strict=True):
+        host[offset : offset + table.nbytes] = table.reshape(-1).view(np.uint8)
+    buffer[at : at + pixel_bytes].copy_(flat_bytes(crops)[0])  # one copy of packed crops
+    host[at + pixel_bytes :] = 0
+    return StagedPixels(buffer, parts, sections, at)
+
+
+def _part_tables(rows: np.ndarray, offsets: np.ndarray, recipe: Any) -> list[np.ndarray]:
+    """One part's line offsets, then the taps (index, weights) of its rows, then columns."""
+    heights, widths = rows[:, 2].astype(np.int64), rows[:, 3].astype(np.int64)
+    high, wide = int(heights.max()), int(widths.max())
+    lines = np.minimum(np.arange(high), heights[:, None] - 1) * widths[:, None] * 3
+    tables = [offsets[:, None] + lines]
+    weight_type = np.float64 if recipe.dtype == "float64" else np.float32
+    for sides, out_side, flips, span in (
+        (heights, recipe.size[0], rows[:, 5], high),
+        (widths, recipe.size[1], rows[:, 4], wide),
+    ):
+        index, weights = filter_taps(sides, out_side, flips, span)
+        tables += [index, weights.astype(weight_type)]
+    return tables
+
+
+def to_device(buffer: Any, device: Any) -> Any:
+    """The one host-to-device copy of a staged batch (none on the CPU)."""
+    if device.type != "cuda":
+        return buffer
+    return buffer.to(device, non_blocking=True)
+
+
+def filter_taps(
+    sides: np.ndarray, out_side: int, flips: np.ndarray, span: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Input index and weight of each tap of each output pixel, ``(n, out_side, taps)`` each.
+
+    torch's antialiased bilinear filter (``_upsample_bilinear2d_aa``) along one axis of ``n``
+    crops of ``sides`` pixels: a triangle as wide as the scale when shrinking, normalised over
+    the pixels it covers. A flipped crop's outputs are in reverse order; taps past a crop's
+    side have weight 0 (their index is kept below ``span``, the part's widest side).
+    """
+    scale = sides.astype(np.float64) / out_side
+    support = np.maximum(scale, 1.0)[:, None]
+    center = scale[:, None] * (np.arange(out_side) + 0.5)
+    first = np.maximum((center - support + 0.5).astype(np.int64), 0)  # C's truncation, as torch
+    stop = np.minimum((center + support + 0.5).astype(np.int64), sides[:, None])
+    index = first[..., None] + np.arange(int((stop - first).max()))
+    weights = np.maximum(1.0 - np.abs((index - center[..., None] + 0.5) / support[..., None]), 0)
+    weights[index >= stop[..., None]] = 0.0
+    weights /= weights.sum(axis=-1, keepdims=True)
+    flipped = flips.astype(bool)
+    index[flipped], weights[flipped] = index[flipped, ::-1], weights[flipped, ::-1]
+    return np.minimum(index, span - 1), weights
+
+
+def resize_pixels_into(out: Any, staged: StagedPixels, device_buffer: Any) -> None:
+    """Crop, resize and flip every staged crop into ``out`` (its rows in the batch's order).
+
+    Per part, whatever its number of crops: one gather of the crop lines (from the flat
+    pixels, through an overlapping strided view: line ``i`` is ``span`` bytes from its offset),
+    one conversion to float, two ``scatter_add`` making each crop's dense filter matrices from
+    its taps, and two batched matrix products (columns, then rows; a transpose between them).
+    Results are those of ``interpolate(..., antialias=True)`` on each crop to float rounding.
+
+    Args:
+        out: ``(n, 3, H, W)`` float batch (``float32``/``float64``) on the device.
+        staged: The host side (:func:`stage_pixels`).
+        device_buffer: ``staged.buffer`` on the device (:func:`to_device`).
+    """
+    import torch
+
+    dtypes = {"int64": torch.int64, "float32": torch.float32, "float64": torch.float64}
+    tables = [
+        device_buffer[at : at + int(np.prod(shape)) * dtype.itemsize]
+        .view(dtypes[dtype.name])
+        .view(shape)
+        for at, dtype, shape in staged.sections
+    ]
+    pixels = device_buffer[staged.pixels_at :]
+    height, width = int(out.shape[-2]), int(out.shape[-1])
+    with torch.autocast(out.device.type, enabled=False):  # float32 filters, also in autocast
+        for number, (start, stop, high, wide) in enumerate(staged.parts):
+            lines, y_index, y_weights, x_index, x_weights = tables[5 * number : 5 * number + 5]
+            count, span = stop - start, 3 * wide
+            windows = pixels.as_strided(
+                (pixels.numel() - span + 1, span), (1, 1), pixels.storage_offset()
+            )
+            block = windows.index_select(0, lines.view(-1)).view(count, high, span).to(out.dtype)
+            rows = out.new_zeros((count, height, high)).scatter_add_(2, y_index, y_weights)
+            columns = out.new_zeros((count, width, wide)).scatter_add_(2, x_index, x_weights)
+            tall = torch.bmm(rows, block).view(count, height, wide, 3)  # each column resized
+            planes = tall.permute(0, 3, 1, 2).reshape(count, 3 * height, wide)
+            target = out[start:stop].view(count, 3 * height, width)
+            torch.bmm(planes, columns.transpose(1, 2), out=target)
+
+
+def pixel_images(staged: StagedPixels, device_buffer: Any, rows: np.ndarray) -> list[Any]:
+    """Whole staged images (no recipe) as ``(3, H, W)`` views of the device buffer."""
+    pixels = device_buffer[staged.pixels_at :]
+    images, at = [], 0
+    for height, width in rows[:, 2:4].tolist():
+        images.append(pixels[at : at + height * width * 3].view(height, width, 3).permute(2, 0, 1))
+        at += height * width * 3
+    return images

@@ -51,7 +51,12 @@ import numpy as np
 from shardstream._storage.background import BackgroundIterator, ProcessLocal
 from shardstream.errors import ConfigError, DecodeError
 from shardstream.streaming._decoding import gpubackends
-from shardstream.streaming._decoding.encoded import EncodedBatch, EncodedImage, flat_bytes
+from shardstream.streaming._decoding.encoded import (
+    PIXELS,
+    EncodedBatch,
+    EncodedImage,
+    flat_bytes,
+)
 from shardstream.streaming._decoding.gpubackends import (
     decode_with_pillow,
     empty_batch,
@@ -113,10 +118,14 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
         differ), and the indexes of the images kept (all but skipped ones).
 
     Raises:
-        DecodeError: An image is corrupt (``on_error="raise"``), or every image of a batch of
-            several is (``"skip"``).
+        DecodeError: An image is corrupt (``on_error="raise"``).
     """
     rows = np.asarray(batch.params.numpy(), dtype=np.int64).reshape(len(batch), -1)
+    stored = rows[:, PIXELS] == 1
+    if stored.all() and len(batch):
+        return _decode_pixels(run, batch, rows, alive), list(range(len(batch)))
+    if stored.any():
+        return _decode_mixed(run, batch, stored, alive)
     recipe, owner = batch.recipe, run.owner
     arrays = encoded_arrays(batch)
     truncated = truncated_jpegs(arrays)
@@ -142,14 +151,61 @@ def decode_encoded(run: Any, batch: EncodedBatch, alive: list[Any]) -> tuple[Any
                 whole.append(image if owner.transform is None else owner.transform(image))
             kept.append(i)
     run.counts["images"] += len(kept)
-    if not kept and len(batch) > 1:
-        raise DecodeError(
-            f"all {len(batch)} images of one batch failed to decode (see the log); an empty "
-            "batch cannot be collated. Check the shards with `shardstream verify`."
-        )
     if out is not None and recipe is not None:
         return finish_batch(out[: len(kept)], rows[kept], recipe, run.constants), kept
     return _stack(whole), kept
+
+
+def _decode_pixels(run: Any, batch: EncodedBatch, rows: np.ndarray, alive: list[Any]) -> Any:
+    """A batch of pixel crops (``build --pixels``): staged on the host, moved in one copy, then
+    cropped, resized and flipped for the whole batch at once (:func:`.resize_pixels_into`)."""
+    for index, image in enumerate(batch.images):
+        height, width = int(rows[index, 2]), int(rows[index, 3])
+        if image.numel() != height * width * 3:  # a batch made by hand, not by a worker
+            raise DecodeError(
+                f"{batch.where(index)}: pixel crop of {image.numel()} bytes, expected "
+                f"{height} x {width} x 3 = {height * width * 3}; pixel batches are made by "
+                "a dataset's workers with decode='cuda'"
+            )
+    recipe = batch.recipe
+    staged = gpubackends.stage_pixels(batch.images, rows, recipe, run.owner.max_images, run.device)
+    alive.append(staged.buffer)  # read by the copy until the batch's event
+    on_device = gpubackends.to_device(staged.buffer, run.device)
+    run.counts["images"] += len(batch)
+    run.counts["pixels"] += len(batch)
+    if recipe is None:
+        images = gpubackends.pixel_images(staged, on_device, rows)
+        transform = run.owner.transform
+        return _stack([image if transform is None else transform(image) for image in images])
+    out = empty_batch(len(batch), recipe, run.device)
+    gpubackends.resize_pixels_into(out, staged, on_device)
+    unflipped = rows.copy()
+    unflipped[:, 4:6] = 0  # folded into the filters
+    return finish_batch(out, unflipped, recipe, run.constants)
+
+
+def _decode_mixed(
+    run: Any, batch: EncodedBatch, stored: np.ndarray, alive: list[Any]
+) -> tuple[Any, list[int]]:
+    """A batch of encoded images and pixel crops (JPEG and pixel shards mixed): each kind
+    decoded as a batch of its own, then the images put back in the batch's order."""
+    import torch
+
+    kept: list[int] = []
+    images: list[Any] = []
+    for group in (np.flatnonzero(~stored), np.flatnonzero(stored)):
+        part = EncodedBatch(
+            [batch.images[i] for i in group],
+            batch.params[torch.from_numpy(group)],
+            [batch.keys[i] for i in group],
+            [batch.urls[i] for i in group],
+            batch.recipe,
+        )
+        decoded, part_kept = decode_encoded(run, part, alive)
+        kept += [int(group[i]) for i in part_kept]
+        images += list(decoded)
+    order = np.argsort(kept, kind="stable").tolist()
+    return _stack([images[i] for i in order]), sorted(kept)
 
 
 def _fits(image: Any, row: np.ndarray) -> bool:
@@ -343,6 +399,10 @@ class GpuDecode:
     ``DecodeError`` naming shard and key, or with ``on_error="skip"`` is left out of its batch
     (the batch is shorter; labels follow) and counted in :meth:`stats`.
 
+    Pixel members (``build --pixels``) are not decoded: the workers hand over each drawn crop's
+    pixels, and a batch of them moves in one copy and is resized as one (see
+    :func:`~.gpubackends.resize_pixels_into`).
+
     Without CUDA, a dataset given ``decode="cuda"`` decodes on the CPU in its DataLoader workers
     instead (logged once), so the same code runs anywhere. ``device="cpu"`` runs this stage on
     the CPU (for tests and comparison).
@@ -435,8 +495,9 @@ class GpuDecode:
             submitted.close(timeout_s=_STOP_WAIT_S)
 
     def stats(self) -> dict[str, Any]:
-        """This process's counts: ``batches``, ``images`` decoded, ``pillow`` (decoded on the
-        CPU after the device decoder rejected them), ``skipped``, ``host_s`` (host time spent
+        """This process's counts: ``batches``, ``images`` decoded, ``pixels`` (of them, crops
+        of pixel members, not decoded), ``pillow`` (decoded on the CPU after the device
+        decoder rejected them), ``skipped``, ``host_s`` (host time spent
         enqueuing), and the ``backend`` used."""
         run = self._runs().peek()
         counts = dict(_ZERO_COUNTS) if run is None else dict(run.counts)
@@ -471,7 +532,14 @@ class GpuDecode:
 #: Longest wait for the stage's thread when the loop stops early.
 _STOP_WAIT_S = 30.0
 
-_ZERO_COUNTS: dict[str, Any] = {"batches": 0, "images": 0, "pillow": 0, "skipped": 0, "host_s": 0.0}
+_ZERO_COUNTS: dict[str, Any] = {
+    "batches": 0,
+    "images": 0,
+    "pixels": 0,
+    "pillow": 0,
+    "skipped": 0,
+    "host_s": 0.0,
+}
 
 
 def resolve_gpu_decode(decode: Any, transform: Any, on_error: str) -> tuple[Any, GpuDecode | None]:
@@ -544,6 +612,12 @@ class _DeviceRun:
         try:
             with self.order.side():
                 images, kept = decode_encoded(self, encoded, alive)
+                if not kept and len(encoded) > 1:
+                    raise DecodeError(
+                        f"all {len(encoded)} images of one batch failed to decode (see the log); "
+                        "an empty batch cannot be collated. Check the shards with "
+                        "`shardstream verify`."
+                    )
                 rest = [self._cut(part, kept, len(encoded)) for part in parts[1:]]
         finally:  # also when a corrupt image raises halfway: earlier parts are enqueued
             with self.order.side():
