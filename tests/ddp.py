@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from collections.abc import Callable
@@ -41,7 +42,8 @@ def spawn_ranks(
     Each rank is still a new process with nothing of the test's own state (the server is a clean
     interpreter started once per test process; it never touched torch.distributed, CUDA or a
     thread), so ranks behave as spawned ones; they run in the caller's environment and working
-    folder of the moment, as spawned ones would.
+    folder of the moment, as spawned ones would, and fork their DataLoader workers, as ranks
+    started by torchrun do.
     """
     import torch.multiprocessing as mp
 
@@ -58,4 +60,8 @@ def _in_callers_env(
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
+    # A process started by a fork server (or spawned) starts its own children the same way, so
+    # each DataLoader worker of a rank would import torch afresh (3 s of CPU per worker here).
+    # Ranks that torchrun starts fork their workers; so do these.
+    multiprocessing.set_start_method("fork", force=True)
     fn(rank, *args)
