@@ -15,7 +15,10 @@ DALI threads included, per sample.
 Thread rows: "shardstream, threads" is ``StreamingDataLoader(num_threads=N)`` with N the
 column's worker count (the same core budget), and "SPDL" is Meta's thread-pool loader with its
 own decoder on the same shards (``benchmarks/_spdl.py``; ``pip install spdl`` and FFmpeg's
-shared libraries, skipped with a note otherwise), with as many threads (at least 1).
+shared libraries, skipped with a note otherwise), with as many threads (at least 1). Each
+row's process runs torch on one thread, as a DataLoader worker does; ``--torch-threads 0``
+keeps torch's default (one per core) there, as a training process does, which is what the
+thread rows meet in training.
 
 Train mode also runs NVIDIA DALI's CPU pipeline on the same shards (``benchmarks/_dali.py``; it
 needs ``pip install nvidia-dali-cuda130`` and is skipped with a note otherwise), with as many
@@ -26,6 +29,7 @@ Also: start-up at many tiny samples (time to first batch, memory) against ImageF
 construction, a cold-cache row (page cache dropped; needs root) and class mix per batch.
 
 Usage: python benchmarks/load.py [--num-images 20000] [--tiny 1000000] [--workers 0 2]
+       [--torch-threads 0]
 """
 
 from __future__ import annotations
@@ -266,8 +270,10 @@ def child(task: dict) -> dict:
         import spdl.pipeline  # noqa: F401
 
     # One torch thread, as in DataLoader workers: in the main process (0 workers, "limit") torch's
-    # default of one thread per core only adds spinning on these small tensors.
-    torch.set_num_threads(1)
+    # default of one thread per core only adds spinning on these small tensors. --torch-threads 0
+    # keeps torch's default instead, as a training process does (what thread rows then meet).
+    if task.get("torch_threads", 1):
+        torch.set_num_threads(task.get("torch_threads", 1))
 
     kind = task["kind"]
     if kind == "epoch":
@@ -395,6 +401,12 @@ def main() -> None:
     )
     parser.add_argument("--no-extra", action="store_true", help="skip the table of extra rows")
     parser.add_argument("--loaders", nargs="+", help="only these rows (e.g. shardstream)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads of the measuring process (0: torch's default, one per core)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -404,7 +416,8 @@ def main() -> None:
     print(
         f"\n{args.num_images} images, {args.num_classes} classes, batch {BATCH}, "
         f"{os.cpu_count()} CPUs, median of {args.repeat} runs per row"
-        f"{f', samples/s of epochs 2-{args.epochs}' if args.epochs > 1 else ''}\n{versions()}\n"
+        f"{f', samples/s of epochs 2-{args.epochs}' if args.epochs > 1 else ''}"
+        f"{', torch threads: default' if not args.torch_threads else ''}\n{versions()}\n"
     )
     if "train" in args.modes and "dali_tars" not in paths:
         print("DALI CPU: skipped, nvidia.dali does not import (pip install nvidia-dali-cuda130)\n")
@@ -423,6 +436,7 @@ def main() -> None:
                     continue
                 task = {"kind": "epoch", "row": row, "mode": mode, "workers": workers}
                 task["epochs"] = args.epochs
+                task["torch_threads"] = args.torch_threads
                 results[row] = spawn({**task, "paths": paths}, repeat=args.repeat)
             print_rows(mode, workers, results, limit)
         if mode == "train":
