@@ -534,7 +534,7 @@ class SpanPrefetcher:
             self._drop()
             return data or None
         if self._hold_rest and job.start == self._first and len(data) > 1:
-            self._hold_rest = False  # once: after a seek, spans follow as usual
+            self._hold_rest = False  # once: later spans come whole
             half = len(data) // 2
             self._held = memoryview(data)[half:]
             return memoryview(data)[:half]  # (the halves share one receive buffer: see recycle)
@@ -548,8 +548,9 @@ class SpanPrefetcher:
         self._held = None
 
     def seek(self, offset: int) -> None:
-        """Drop the spans ahead and continue from ``offset``."""
+        """Drop the spans ahead and continue from ``offset`` (spans from there come whole)."""
         self._drop()
+        self._hold_rest = False
         self._stop.clear()
         self._next = self._first = min(max(0, offset), self._end)
         self._closed = False
