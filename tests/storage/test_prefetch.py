@@ -186,3 +186,70 @@ def test_one_range_larger_than_the_budget_still_opens() -> None:
     assert log == ["big"]
     queue.take("big")
     assert log == ["big", "next"]
+
+
+def _until(done: Any, what: str) -> None:
+    """Wait (at most 5 s) for ``done()``; fail naming ``what``."""
+    deadline = time.monotonic() + 5.0
+    while not done():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.005)
+
+
+def test_cold_openings_run_alone_then_the_others_follow() -> None:
+    """While a fresh process's first openings (``cold``) run or wait, the pool starts no other
+    span; when the last one ends, the others run on the pool's threads."""
+    pool = FetchPool(8)
+    release, lock = threading.Event(), threading.Lock()
+    running: list[int] = []
+    seen_running: list[list[int]] = []  # the cold spans running as each other span started
+
+    def cold(start: int, end: int) -> bytes:
+        with lock:
+            running.append(start)
+        release.wait(5)
+        with lock:
+            running.remove(start)
+        return DATA[start:end]
+
+    def other(start: int, end: int) -> bytes:
+        with lock:
+            seen_running.append(list(running))
+        return DATA[start:end]
+
+    colds = [SpanJob(cold, n * 10, n * 10 + 10) for n in range(3)]
+    others = [SpanJob(other, n * 10, n * 10 + 10) for n in range(3, 6)]
+    for job in colds:
+        pool.submit(job, opening=True, cold=True)
+    for number, job in enumerate(others):
+        pool.submit(job, opening=number % 2 == 0)
+    _until(lambda: running, "a cold span to start")
+    time.sleep(0.05)  # room for the pool to start another span, which it must not
+    assert seen_running == [], "a span started while cold openings ran or waited"
+    release.set()
+    _until(lambda: all(job._state == "done" for job in others), "the others to run")
+    assert seen_running == [[], [], []], "the others ran after every cold one"
+    assert all(job._state == "done" for job in colds)
+    assert [bytes(job.result()) for job in colds + others] == [
+        DATA[n * 10 : n * 10 + 10] for n in range(6)
+    ]
+
+
+def test_a_held_rest_is_asked_for_once_half_the_opening_is_read() -> None:
+    """``hold_rest``: the opening comes out in two halves, and nothing past it is fetched
+    until the second half is asked for (a reader that takes a sample or two moves no more)."""
+    fetch = Recorder()
+    prefetcher = SpanPrefetcher(fetch, 0, 100_000, 40_000, 0, FetchPool(2),
+                                first_span_bytes=10_000, hold_rest=True)  # fmt: skip
+    assert bytes(prefetcher.next_extent() or b"") == DATA[:5000]
+    time.sleep(0.05)  # room for a wrongly submitted rest to start
+    assert fetch.calls == [(0, 10_000)], "the rest was asked for before it was needed"
+    assert bytes(prefetcher.next_extent() or b"") == DATA[5000:10_000]
+    _until(lambda: len(fetch.calls) == 2, "the rest to be asked for")
+    assert fetch.calls[1] == (10_000, 50_000)
+    assert read_all(prefetcher) == DATA[10_000:100_000]
+    seeking = SpanPrefetcher(Recorder(), 0, 100_000, 40_000, 0, FetchPool(2),
+                             first_span_bytes=10_000, hold_rest=True)  # fmt: skip
+    seeking.seek(60_000)  # after a seek spans follow whole, as usual
+    assert bytes(seeking.next_extent() or b"") == DATA[60_000:70_000]
+    assert read_all(seeking) == DATA[70_000:100_000]

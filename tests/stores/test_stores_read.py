@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import pathlib
+import time
 from typing import Any
 
 import pytest
@@ -171,7 +172,7 @@ def test_a_fresh_processs_first_pieces_open_short_and_all_at_once(
 ) -> None:
     """A process's first ``max_requests`` pieces (what a fresh worker's first batch waits on)
     open with a 256 KiB GET each and count that much against the prefetch budget, so all of
-    them start at once; each one's rest is asked for when its opening is read."""
+    them start at once; each one's rest is asked for when half its opening is read."""
     monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
     monkeypatch.setattr(reading, "_num_announced", ProcessLocal(itertools.count))
     piece, count = 3 << 19, 6  # 1.5 MiB each: read sample by sample, so worth opening short
@@ -191,6 +192,35 @@ def test_a_fresh_processs_first_pieces_open_short_and_all_at_once(
     hints.forget("group")
     assert b"".join(read) == blob
     assert any_store.proxy.count("GET", "shard.tar") == 4 * 2 + 2, "opening + rest, then whole"
+
+
+def test_a_first_batch_moves_only_its_pieces_openings(
+    any_store: StoreUnderTest, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that takes a sample from each of a process's first pieces (a fresh worker's
+    first batch) asks for their openings only; each piece's rest once half its opening is
+    read (on the old code, at its first read: 4 pieces' bytes moved instead of 1 MiB)."""
+    monkeypatch.setattr(hints, "_queue", ProcessLocal(lambda: hints.PrefetchQueue(0)))
+    monkeypatch.setattr(reading, "_num_announced", ProcessLocal(itertools.count))
+    piece, count, sample = 3 << 19, 4, 10_000
+    options = ReadOptions(min_requests=2, max_requests=4, prefetch_bytes=1 << 20)
+    store, blob = _one_blob(any_store, tmp_path, piece * count, options)
+    ranges = [("shard.tar", n * piece, (n + 1) * piece) for n in range(count)]
+    any_store.proxy.clear()
+    store.prefetch(ranges, "group")
+    streams = [store.open_read(name, start, end) for name, start, end in ranges]
+    heads = [stream.read(sample) for stream in streams]
+    time.sleep(0.2)  # room for a rest asked for too early to reach the server
+    assert heads == [blob[start : start + sample] for _, start, _ in ranges]
+    assert any_store.proxy.count("GET", "shard.tar") == count, "only the openings"
+    rests = [stream.read() for stream in streams]
+    assert [h + r for h, r in zip(heads, rests, strict=True)] == [
+        blob[start:end] for _, start, end in ranges
+    ]
+    assert any_store.proxy.count("GET", "shard.tar") == 2 * count, "then each rest, once"
+    for stream in streams:
+        stream.close()
+    hints.forget("group")
 
 
 def _one_blob(

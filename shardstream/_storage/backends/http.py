@@ -260,9 +260,14 @@ class HttpSource:
         if self.version is not None and not self.version.startswith("W/"):
             headers["If-Range"] = self.version  # (a weak ETag never matches If-Range)
 
+    def _send(self, method: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+        """Send one request of this object (a store may sign it first)."""
+        response, _ = self.client.pool.request(method, self._url(), headers)
+        return response
+
     def stat(self) -> tuple[int, str | None]:
         """The object's size and version (a HEAD request)."""
-        response, _ = self.client.pool.request("HEAD", self._url(), self._headers())
+        response = self._send("HEAD", self._headers())
         try:
             self._check_version(response)
             length = response.getheader("Content-Length")
@@ -280,7 +285,7 @@ class HttpSource:
         headers = {**self._headers(), "Range": f"bytes={offset}-{end - 1}"}
         self._conditions(headers)
         try:
-            response, _ = self.client.pool.request("GET", self._url(), headers)
+            response = self._send("GET", headers)
         except StatusError as error:
             if error.status != 416:
                 raise

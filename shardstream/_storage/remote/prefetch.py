@@ -346,6 +346,8 @@ class FetchPool:
         self._idle_exit_s = idle_exit_s
         self._jobs: collections.deque[SpanJob] = collections.deque()
         self._openings: collections.deque[SpanJob] = collections.deque()  # run before _jobs
+        self._cold: collections.deque[SpanJob] = collections.deque()  # run before, and alone
+        self._cold_running = 0
         self._cond = threading.Condition()
         self._threads = 0
         self._idle = 0
@@ -360,7 +362,7 @@ class FetchPool:
         """Threads (GETs in flight) the measured latency asks for now."""
         return self.gauge.requests_in_flight(self.min_threads, self.max_threads)
 
-    def submit(self, job: SpanJob, opening: bool = False) -> None:
+    def submit(self, job: SpanJob, opening: bool = False, cold: bool = False) -> None:
         """Queue ``job``; start the pool's first thread if it has none (see
         :meth:`_claim_starts` for the others).
 
@@ -368,9 +370,14 @@ class FetchPool:
         job: a batch draws its first samples from many pieces at once, so their openings are
         what it waits for. With all GETs in flight sharing the store's bandwidth, a piece's
         remaining spans queued ahead of the next piece's opening would delay it by their bytes.
+        ``cold`` jobs (the openings of a fresh process's first pieces, what its first batch
+        waits on) run first and alone: no other job starts while one is queued or running, so
+        the next pieces' bytes do not share the store with them (a caller that needs another
+        span meanwhile fetches it itself, as always).
         """
         with self._cond:
-            (self._openings if opening else self._jobs).append(job)
+            queue = self._cold if cold else self._openings if opening else self._jobs
+            queue.append(job)
             self._cond.notify()
             starts = 0
             if self._threads == 0:  # the first thread; it starts any more the count asks for
@@ -387,7 +394,7 @@ class FetchPool:
         when there is none; pool threads start the rest as they take jobs, so the reader never
         waits through dozens of starts when the measured latency asks for more requests.
         """
-        queued = len(self._openings) + len(self._jobs)
+        queued = len(self._cold) + len(self._openings) + len(self._jobs)
         wanted = min(self.wanted_threads, self._threads + queued - self._idle)
         starts = max(0, wanted - self._threads)
         self._threads += starts
@@ -402,20 +409,34 @@ class FetchPool:
                     self._threads -= count - started
                 return
 
+    def _runnable(self) -> bool:
+        """Whether a queued job may start now (called with the lock held)."""
+        return bool(self._cold) or (not self._cold_running and bool(self._openings or self._jobs))
+
     def _work(self) -> None:
         while True:
             with self._cond:
                 self._idle += 1
-                if not self._openings and not self._jobs:
+                if not self._runnable():
                     self._cond.wait(self._idle_exit_s)
                 self._idle -= 1
-                if (not self._openings and not self._jobs) or self._threads > self.wanted_threads:
+                if not self._runnable() or self._threads > self.wanted_threads:
                     self._threads -= 1
                     return
-                job = self._openings.popleft() if self._openings else self._jobs.popleft()
+                cold = bool(self._cold)
+                self._cold_running += cold
+                job = (self._cold or self._openings or self._jobs).popleft()
                 starts = self._claim_starts()
             self._start(starts)
             job.run()
+            if cold:
+                with self._cond:
+                    self._cold_running -= 1
+                    starts = 0
+                    if not self._cold_running and not self._cold:  # the others may go now
+                        self._cond.notify_all()
+                        starts = self._claim_starts()
+                self._start(starts)
 
 
 _pool: ProcessLocal[FetchPool] = ProcessLocal(lambda: FetchPool(1))
@@ -445,11 +466,20 @@ class SpanPrefetcher:
         first_span_bytes: Bytes of the first span (after the start or a seek), if shorter
             than ``span_bytes``: the first bytes arrive sooner, the rest follows. That span
             also runs before the pool's other queued spans (``FetchPool.submit(opening=True)``).
+        hold_rest: Ask for nothing past the first span until the caller has read half of it:
+            the first span is handed out in two halves, and the rest is submitted when the
+            second half is asked for. A reader that takes a sample or two from the range
+            (a fresh worker's first batch, drawn from dozens of ranges) then moves no more
+            bytes than those, and one that reads on has half a span to read while the rest
+            is fetched.
+        cold: The first span is one of a fresh process's first openings
+            (``FetchPool.submit(cold=True)``).
     """
 
     def __init__(
         self, fetch: FetchFn, start: int, end: int, span_bytes: int, ahead_bytes: int,
         pool: FetchPool, stop: threading.Event | None = None, first_span_bytes: int = 0,
+        hold_rest: bool = False, cold: bool = False,
     ) -> None:  # fmt: skip
         self._fetch, self._end, self._pool = fetch, end, pool
         self._stop = stop or threading.Event()
@@ -458,7 +488,10 @@ class SpanPrefetcher:
         self._jobs: collections.deque[SpanJob] = collections.deque()
         self._next = self._first = start
         self._closed = False
+        self._hold_rest, self._cold = hold_rest, cold
+        self._held: Extent | None = None  # the first span's second half, not handed out yet
         self._fill()
+        self._cold = False  # a seek's new first span is no process's first
 
     @property
     def buffered_bytes(self) -> int:
@@ -468,7 +501,7 @@ class SpanPrefetcher:
     @property
     def alive(self) -> bool:
         """True while spans are submitted and not yet taken."""
-        return bool(self._jobs)
+        return bool(self._jobs) or self._held is not None
 
     def _fill(self) -> None:
         queued = self.buffered_bytes
@@ -480,30 +513,44 @@ class SpanPrefetcher:
             job = SpanJob(self._fetch, self._next, stop)
             self._jobs.append(job)
             opening = bool(self._first_span_bytes) and self._next == self._first
-            self._pool.submit(job, opening=opening)
+            self._pool.submit(job, opening=opening, cold=opening and self._cold)
             queued += stop - self._next
             self._next = stop
 
     def next_extent(self) -> Extent | None:
         """The next span's bytes (waiting for, or fetching, it), or ``None`` at the end."""
-        if self._closed or not self._jobs:
+        if self._closed:
+            return None
+        if self._held is not None:  # the first span's second half: now ask for the rest
+            held, self._held = self._held, None
+            self._fill()
+            return held
+        if not self._jobs:
             return None
         job = self._jobs[0]
         data = job.result()
         self._jobs.popleft()
-        self._fill()
         if len(data) < job.end - job.start:  # the object ended early: nothing follows
             self._drop()
+            return data or None
+        if self._hold_rest and job.start == self._first and len(data) > 1:
+            self._hold_rest = False  # once: later spans come whole
+            half = len(data) // 2
+            self._held = memoryview(data)[half:]
+            return memoryview(data)[:half]  # (the halves share one receive buffer: see recycle)
+        self._fill()
         return data or None
 
     def _drop(self) -> None:
         for job in self._jobs:
             job.cancel()
         self._jobs.clear()
+        self._held = None
 
     def seek(self, offset: int) -> None:
-        """Drop the spans ahead and continue from ``offset``."""
+        """Drop the spans ahead and continue from ``offset`` (spans from there come whole)."""
         self._drop()
+        self._hold_rest = False
         self._stop.clear()
         self._next = self._first = min(max(0, offset), self._end)
         self._closed = False

@@ -68,8 +68,9 @@ _ANNOUNCED_FIRST_SPAN_BYTES = 512 * 2**10
 #: batch takes a sample or two from each of dozens of pieces, read sample by sample: it waits
 #: for their first bytes, not for whole pieces (64 pieces of 2 MiB are 128 MiB to move before
 #: it; 64 openings of 256 KiB, 16 MiB). Such a range counts this much against the prefetch
-#: budget, so all of them start at once, and its rest is asked for when its opening is read
-#: (one more GET, once per process and piece; later ranges are one GET, as above).
+#: budget, so all of them start at once, and its rest is asked for when half its opening has
+#: been read (one more GET, once per process and piece; later ranges are one GET, as above):
+#: the first batch's few samples per piece ask for no rest, and so share the store with nothing.
 _COLD_OPENING_BYTES = 256 * 2**10
 
 #: Ranges this process announced so far (a forked worker counts its own).
@@ -196,27 +197,30 @@ def prefetch_remote(
         if end <= start:
             continue
         # The first pieces a process reads: what its first batch waits on.
-        cold = next(counter) < options.max_requests and end - start > _RANGE_OPEN_BYTES
+        first = next(counter) < options.max_requests
+        cold = first and end - start > _RANGE_OPEN_BYTES
         entries.append((
             hints.range_key(fs, path, start, end),
             min(end - start, _COLD_OPENING_BYTES) if cold else end - start,
             functools.partial(_open_ahead, backend, fs, path, shown, secrets, options, start,
-                              end, cold),
+                              end, first),
         ))  # fmt: skip
     hints.process_queue(options.prefetch_bytes).hint(group, entries)
 
 
 def _open_ahead(
     backend: Any, fs: Any, path: str, shown: str, secrets: list[str], options: ReadOptions,
-    start: int, end: int, cold: bool = False,
+    start: int, end: int, first: bool = False,
 ) -> IO[bytes]:  # fmt: skip
     """A stream of ``[start, end)`` whose spans are submitted to the pool now (no waiting).
 
     Unlike :func:`open_remote` nothing is fetched in the caller's thread: a missing object
     raises on the first read. The object may be shorter than ``end``: reads then end early.
-    ``cold``: only the first ``_COLD_OPENING_BYTES`` are submitted now, the rest when they are
-    read.
+    ``first`` (one of the process's first pieces): its opening goes to the pool's cold tier,
+    which runs before any other span and alone; of a range over ``_RANGE_OPEN_BYTES`` only the
+    first ``_COLD_OPENING_BYTES`` are submitted now, the rest once half of them is read.
     """
+    cold = first and end - start > _RANGE_OPEN_BYTES
     stop = threading.Event()
     retrier = Retrier.for_options(shown, "reading", options, secrets, stop)
     source = backend.range_source(fs, path, options)
@@ -226,6 +230,7 @@ def _open_ahead(
         span_fetch(source, retrier, pool.gauge), start, end,
         _extent_bytes(options.read_ahead_bytes), 0 if cold else options.read_ahead_bytes, pool,
         stop, first_span_bytes=min(opening, _COLD_OPENING_BYTES) if cold else opening,
+        hold_rest=cold, cold=first,
     )  # fmt: skip
     return cast(IO[bytes], RemoteStream(extents, shown, end, start))
 
