@@ -35,7 +35,13 @@ from shardstream.streaming._decoding.fastcrop import crop_decoder_for
 from tests.conftest import encode_image
 from tests.streaming.conformance import assert_loader_resumes
 from tests.streaming.test_fastcrop import _photo
-from tests.streaming.test_pixels import _members, _stored, train_transform, write_folder
+from tests.streaming.test_pixels import (
+    _members,
+    _stored,
+    build_pixel_dataset,
+    train_transform,
+    write_folder,
+)
 
 DICT = StreamOptions(output="dict")
 ONE_LEVEL = 1 / 255 / 0.224  # one uint8 level after ImageNet's Normalize (its smallest std)
@@ -54,11 +60,7 @@ def _crop_flips(size: int = 16) -> v2.Compose:
 
 @pytest.fixture(scope="module")
 def pixel_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("gpupixels")
-    build_shards(
-        write_folder(root / "images"), root / "ds", pixels="short=24", max_samples_per_shard=5
-    )
-    return str(root / "ds")
+    return build_pixel_dataset(tmp_path_factory.mktemp("gpupixels"))
 
 
 def _epoch(source: object, decode: object, transform: object, workers: int, **kw: object) -> list:

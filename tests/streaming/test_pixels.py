@@ -68,13 +68,17 @@ def write_folder(root: pathlib.Path, num_images: int = 24, num_classes: int = 3)
     return root
 
 
-@pytest.fixture(scope="module")
-def pixel_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("pixels")
+def build_pixel_dataset(root: pathlib.Path) -> str:
+    """The pixel dataset these tests share: 24 images of several sizes at short=24, 5 a shard."""
     build_shards(
         write_folder(root / "images"), root / "ds", pixels="short=24", max_samples_per_shard=5
     )
     return str(root / "ds")
+
+
+@pytest.fixture(scope="module")
+def pixel_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_pixel_dataset(tmp_path_factory.mktemp("pixels"))
 
 
 def _members(dataset: str) -> dict[str, bytes]:
