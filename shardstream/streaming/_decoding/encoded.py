@@ -21,9 +21,8 @@ import io
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from shardstream._format.codecs import is_pixels, pixel_array
+from shardstream.streaming._decoding.fastcrop import draw_pixel_crop
 
 __all__ = [
     "PARAM_COLUMNS",
@@ -188,23 +187,12 @@ class CropDraw:
             Exception: The header does not open as an image (PIL's error), or a pixel member is
                 malformed (a ``DecodeError``); the caller wraps it naming the sample.
         """
-        import torch
         from PIL import Image
 
         if is_pixels(extension):
-            array = pixel_array(data, "")
-            height, width, _ = array.shape
-            # make_params reads only the size: a one-byte tensor expanded to it, not the pixels
-            size = torch.empty(1, dtype=torch.uint8).expand(3, height, width)
-            params = self.crop.make_params([size])
-            top, left, crop_height, crop_width = (
-                params[name] for name in ("top", "left", "height", "width")
-            )
-            crop = np.ascontiguousarray(
-                array[top : top + crop_height, left : left + crop_width]
-            ).reshape(-1)
-            row = (top, left, crop_height, crop_width, *self._flips(), height, width, 1)
-            return EncodedImage(crop.data, row, "", "", self.recipe)
+            crop, box, (height, width) = draw_pixel_crop(self.crop, data)
+            row = (*box, *self._flips(), height, width, 1)
+            return EncodedImage(crop.reshape(-1).data, row, "", "", self.recipe)
         image = Image.open(io.BytesIO(data))  # reads the header only
         params = self.crop.make_params([image])
         width, height = image.size

@@ -92,6 +92,7 @@ __all__ = [
     "decode_image",
     "decode_jpeg_rgb",
     "decode_window",
+    "draw_pixel_crop",
     "fuse_tail",
     "is_available",
     "min_side_of",
@@ -233,6 +234,29 @@ def pixel_image(data: Any, mode: str, where: str = "") -> Any:
     return pixel_tensor(data, where).contiguous(memory_format=torch.contiguous_format)
 
 
+def draw_pixel_crop(
+    crop: Any, data: Any, where: str = ""
+) -> tuple[np.ndarray, tuple[int, int, int, int], tuple[int, int]]:
+    """``RandomResizedCrop``'s box drawn on a pixel member, and a copy of only its pixels.
+
+    The draws are the transform's own (``make_params`` on the stored size), so the CPU path
+    (:func:`crop_pixels`) and the GPU stage's workers draw alike.
+
+    Returns:
+        The crop's pixels (a C-ordered ``uint8`` ``(height, width, 3)`` array of its own), the
+        box ``(top, left, height, width)``, and the stored image's ``(height, width)``.
+    """
+    import torch
+
+    array = pixel_array(data, where)
+    height, width, _ = array.shape
+    # make_params reads only the size: a one-byte tensor expanded to it, not the pixels
+    params = crop.make_params([torch.empty(1, dtype=torch.uint8).expand(3, height, width)])
+    box = (params["top"], params["left"], params["height"], params["width"])
+    top, left, crop_height, crop_width = box
+    return array[top : top + crop_height, left : left + crop_width].copy(), box, (height, width)
+
+
 def crop_pixels(crop: Any, out_size: tuple[int, int], data: Any, where: str = "") -> Any:
     """``RandomResizedCrop`` on a pixel member: the crop drawn, cut and resized to ``out_size``.
 
@@ -254,14 +278,7 @@ def crop_pixels(crop: Any, out_size: tuple[int, int], data: Any, where: str = ""
     """
     import torch
 
-    array = pixel_array(data, where)
-    height, width, _ = array.shape
-    # make_params reads only the size: a one-byte tensor expanded to it, not the pixels
-    params = crop.make_params([torch.empty(1, dtype=torch.uint8).expand(3, height, width)])
-    top, left = params["top"], params["left"]
-    block = torch.from_numpy(
-        array[top : top + params["height"], left : left + params["width"]].copy()
-    )
+    block = torch.from_numpy(draw_pixel_crop(crop, data, where)[0])
     # (1, H, W, 3) -> (1, 3, H, W): channels-last strides with a real batch stride (unsqueeze
     # gives a stride torch's fast kernel does not take: measured 2x slower)
     return torch.nn.functional.interpolate(
