@@ -37,6 +37,7 @@ from shardstream.streaming._worker.reader import ReadSettings
 
 __all__ = [
     "DecodeMode",
+    "Interleave",
     "Mixture",
     "OnError",
     "Output",
@@ -58,6 +59,8 @@ Policy = Literal["pad", "drop", "mask"]
 OnError = Literal["raise", "skip"]
 #: What a sample is: ``(image, label)`` or a dict of every field.
 Output = Literal["pair", "dict"]
+#: How a window's pieces take turns (see ``StreamOptions.interleave``).
+Interleave = Literal["stratified", "uniform"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,13 @@ class StreamOptions:
             from the dataset: a piece for indexed shards, 0 without indexes.
         block_size: Samples dealt to a worker stream at a time (rounded up to the batch size).
             None chooses from the dataset: 64, or four pieces remotely.
+        interleave: How a window's pieces take turns. ``"stratified"`` (the default) spreads
+            each piece evenly over its window at a random phase, so every stretch of
+            ``num_open`` samples holds about one sample of each piece, in a random order: a
+            batch holds samples of ``min(batch, num_open)`` places. ``"uniform"`` interleaves
+            them uniformly at random, the order of shardstream 0.2 and earlier (a batch of 64
+            from 73 pieces then holds about 42 of them); pass it to continue an epoch from a
+            state those versions saved.
         shuffle_buffer: Samples held by the shuffle buffer, for shards without a manifest
             (counted datasets are ordered by their windows and need no buffer).
         canonical_ranks: Plan every epoch for this many ranks, whatever the world size: then
@@ -127,6 +137,7 @@ class StreamOptions:
     piece_size: int | None = None
     chunk_size: int | None = None
     block_size: int | None = None
+    interleave: Interleave = "stratified"
     shuffle_buffer: int = 1000
     canonical_ranks: int | None = None
     canonical_workers: int | None = None
@@ -355,7 +366,10 @@ class Settings:
     @functools.cached_property
     def plan(self) -> PlanOptions:
         """What fixes the epoch's order (see :mod:`shardstream.streaming._planning`)."""
-        return PlanOptions(self.seed, self.shuffle, self.policy, **dataclasses.asdict(self.order))
+        return PlanOptions(
+            self.seed, self.shuffle, self.policy, **dataclasses.asdict(self.order),
+            interleave=self.options.interleave,
+        )  # fmt: skip
 
     @property
     def micro_batch(self) -> int:
@@ -403,6 +417,7 @@ class Settings:
             "shuffle": self.shuffle,
             "policy": self.policy,
             **dataclasses.asdict(self.order),
+            "interleave": options.interleave,
             "shuffle_buffer": options.shuffle_buffer,
         }
 

@@ -104,8 +104,8 @@ def test_on_error_skip_counts_and_keeps_batch_count(tmp_path: pathlib.Path, capl
     shard.write_bytes(data[: len(data) // 2])
     with pytest.raises(ShardFormatError, match=r"shard-000001\.tar"):
         list(StreamingDataset(root, batch_size=2))
-    # Seed 5 puts no batch wholly on broken samples (such a batch cannot be collated: it raises).
-    ds = StreamingDataset(root, batch_size=2, on_error="skip", seed=5, options=DICT)
+    # Seed 4 puts no batch wholly on broken samples (such a batch cannot be collated: it raises).
+    ds = StreamingDataset(root, batch_size=2, on_error="skip", seed=4, options=DICT)
     batches = list(ds)
     assert len(batches) == len(ds) == 7
     assert 7 <= len(keys_of(batches)) < 14

@@ -29,7 +29,7 @@ from shardstream.streaming._planning.order import (
 )
 from shardstream.streaming._planning.sequence import ShardSequence
 from shardstream.streaming._planning.split import Layout, PassPlan, Shape
-from shardstream.streaming._planning.windows import planned_batches
+from shardstream.streaming._planning.windows import interleave_labels, planned_batches
 from tests.streaming.shards import make_dataset
 
 CLASSES, PER_CLASS, BATCH = 200, 1000, 64
@@ -69,10 +69,43 @@ def test_default_order_mixes_class_ordered_shards_like_a_permutation(
     assert -0.1 <= spearman <= 0.1
 
 
-def test_the_whole_shard_order_mixes_less() -> None:
-    """The order that chunk_size=0 keeps (whole shards) is measurably worse: what chunks fix."""
-    ratio, _, _ = _measure(1, 2, PlanOptions(seed=0, chunk_size=0, num_open=64, piece_size=64))
+def test_the_whole_shard_order_mixes_less_when_interleaved_uniformly() -> None:
+    """The order that chunk_size=0 keeps (whole shards) in the uniform interleave of
+    shardstream 0.2 is measurably worse: what chunks, then the stratified interleave, fix."""
+    whole = {"seed": 0, "chunk_size": 0, "num_open": 64, "piece_size": 64}
+    ratio, _, _ = _measure(1, 2, PlanOptions(**whole, interleave="uniform"))
     assert ratio < 0.8
+    ratio, _, _ = _measure(1, 2, PlanOptions(**whole))
+    assert ratio >= 0.9
+
+
+def test_few_long_pieces_per_window_mix_when_they_take_turns() -> None:
+    """The remote order's shape (long pieces, a window of 73 of them, 4 ranks x 2 workers): a
+    uniform interleave draws a batch of 64 from about 42 of the 73 pieces; the stratified one
+    from 64 of them, as many places as a random permutation's batch."""
+    remote = {"seed": 0, "chunk_size": 128, "num_open": 73, "piece_size": 64, "block_size": 64}
+    uniform, _, _ = _measure(4, 2, PlanOptions(**remote, interleave="uniform"))
+    stratified, spearman, _ = _measure(4, 2, PlanOptions(**remote))
+    assert uniform < 0.8 <= 0.9 <= stratified
+    assert -0.1 <= spearman <= 0.1
+
+
+def test_a_stratified_window_gives_every_stretch_one_sample_of_each_run() -> None:
+    rng = np.random.default_rng(5)
+    lengths = np.full(73, 40)
+    labels = interleave_labels(lengths, rng, "stratified")
+    assert sorted(labels.tolist()) == sorted(np.repeat(np.arange(73), 40).tolist())
+    for start in range(0, len(labels), 73):
+        assert len(np.unique(labels[start : start + 73])) == 73
+    # Unequal runs are spread in proportion: every tenth of the window holds 4, 4 and 1.
+    labels = interleave_labels(np.array([40, 40, 10]), rng, "stratified")
+    for start in range(0, 90, 9):
+        assert np.bincount(labels[start : start + 9], minlength=3).tolist() == [4, 4, 1]
+    # Seeded: the same generator state gives the same interleave; another, another.
+    again = interleave_labels(lengths, np.random.default_rng(5), "stratified")
+    other = interleave_labels(lengths, np.random.default_rng(6), "stratified")
+    first = interleave_labels(lengths, np.random.default_rng(5), "stratified")
+    assert (again == first).all() and (again != other).any()
 
 
 @pytest.mark.parametrize("share", [0.5, 0.6])
@@ -126,7 +159,7 @@ MIXING_REMOTE = {"chunk_size": 256, "num_open": 512, "piece_size": 128, "block_s
 @pytest.mark.parametrize(("world", "workers"), [(1, 2), (4, 2)])
 def test_the_guides_short_remote_reads_mix_every_ranks_batches(world: int, workers: int) -> None:
     """With the default remote order a 4 x 2 stream of this 200,000-sample dataset reads about
-    40 pieces of ~1 MiB (about 0.53 of random's classes per batch); the guide's numbers give
+    40 pieces of ~1 MiB (about 0.63 of random's classes per batch); the guide's numbers give
     every stream enough places for 0.9."""
     ratio, spearman, _ = _measure(world, workers, PlanOptions(seed=0, **MIXING_REMOTE))
     assert ratio >= 0.9
@@ -156,12 +189,43 @@ def test_real_loader_reads_the_planned_order(tmp_path: pathlib.Path) -> None:
 
 def test_states_of_the_whole_shard_order_resume_with_its_options(tmp_path: pathlib.Path) -> None:
     root, _ = make_dataset(tmp_path, 40, 7)
-    old = StreamOptions(chunk_size=0, num_open=64, piece_size=64)
+    old = StreamOptions(chunk_size=0, num_open=64, piece_size=64, interleave="uniform")
     loader = StreamingDataLoader(StreamingDataset(root, batch_size=4, options=old))
     state = loader.state_dict()
-    state["version"] = 3  # as format 3 saved it: no chunk_size in the fingerprint
-    del state["fingerprint"]["chunk_size"]
+    state["version"] = 3  # as format 3 saved it: no chunk_size nor interleave in the fingerprint
+    del state["fingerprint"]["chunk_size"], state["fingerprint"]["interleave"]
     StreamingDataLoader(StreamingDataset(root, batch_size=4, options=old)).load_state_dict(state)
     fresh = StreamingDataLoader(StreamingDataset(root, batch_size=4))
-    with pytest.raises(ConfigError, match=r"chunk_size=0, num_open=64, piece_size=64"):
+    with pytest.raises(ConfigError, match=r"chunk_size=0, num_open=64, piece_size=64, interl"):
         fresh.load_state_dict(state)
+
+
+def test_a_state_of_the_uniform_interleave_finishes_its_epoch_exactly(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A mid-epoch state saved by shardstream 0.2 (format 4: windows interleaved uniformly)
+    continues with ``interleave="uniform"`` into exactly the rest of its epoch, and a loader in
+    the stratified default refuses it with the option to pass."""
+    root, _ = make_dataset(tmp_path, 240, 30, num_classes=8)
+    old = StreamOptions(output="dict", interleave="uniform")
+
+    def loader(options: StreamOptions) -> StreamingDataLoader:
+        dataset = StreamingDataset(root, seed=3, batch_size=8, options=options)
+        return StreamingDataLoader(dataset, num_workers=2)
+
+    whole = [list(batch["__key__"]) for batch in loader(old)]
+    first = loader(old)
+    batches = iter(first)
+    head = [list(next(batches)["__key__"]) for _ in range(11)]
+    state = first.state_dict()
+    del batches
+    state["version"] = 4  # as 0.2 saved it: no interleave in the fingerprint
+    del state["fingerprint"]["interleave"]
+    resumed = loader(old)
+    resumed.load_state_dict(state)
+    assert head + [list(batch["__key__"]) for batch in resumed] == whole
+    stratified = [list(batch["__key__"]) for batch in loader(StreamOptions(output="dict"))]
+    assert stratified != whole
+    assert sorted(itertools.chain(*stratified)) == sorted(itertools.chain(*whole))
+    with pytest.raises(ConfigError, match=r"format 4.*StreamOptions\(interleave='uniform'\)"):
+        loader(StreamOptions(output="dict")).load_state_dict(state)

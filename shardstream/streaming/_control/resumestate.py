@@ -29,12 +29,15 @@ __all__ = [
 #: A dataset's version; a mixture's is the tuple of its streams' versions; None without one.
 VersionNumber = int | tuple[int, ...] | None
 
+#: 5: windows interleaved stratified (``interleave`` in the fingerprint); version 4 and 3 states
+#: were saved in the uniform interleave and continue in it (``interleave="uniform"``).
 #: 4: the epoch read in chunks (``chunk_size`` in the fingerprint).
 #: 3: windows in closed form and plan layouts, in the whole-shard order: read as version 4 with
 #: ``chunk_size=0``, so they continue exactly with the options of the order they were saved in.
 #: States of 2 and older were saved with another sample order and are refused.
-STATE_VERSION = 4
+STATE_VERSION = 5
 _UNCHUNKED_VERSION = 3
+_UNIFORM_VERSION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,17 +212,17 @@ def encode_state(
 
 
 def decode_state(data: Mapping[str, Any]) -> SavedState:
-    """Inverse of :func:`encode_state`, for states of this version and of version 3.
+    """Inverse of :func:`encode_state`, for states of this version and of versions 3 and 4.
 
     Raises:
         ConfigError: Another format version (older states were saved with another sample
             order), or a field is missing or not of its type (names it).
     """
     version = data.get("version")
-    if version not in (STATE_VERSION, _UNCHUNKED_VERSION):
+    if version not in (STATE_VERSION, _UNIFORM_VERSION, _UNCHUNKED_VERSION):
         raise ConfigError(
             f"resume state version {version!r} is not supported (this release reads version "
-            f"{STATE_VERSION}; older states were saved with another sample order, so they "
+            f"{STATE_VERSION}, 4 and 3; older states were saved with another sample order, so they "
             "cannot continue an epoch exactly). Start the epoch over without load_state_dict."
         )
     state = decode_pass(data)
@@ -241,14 +244,18 @@ def _malformed(error: Exception) -> ConfigError:
 def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """Refuse a state whose order-fixing settings differ from the current ones.
 
-    A fingerprint without ``chunk_size`` (a version 3 state) was saved reading whole shards.
+    A fingerprint without ``chunk_size`` (a version 3 state) was saved reading whole shards;
+    one without ``interleave`` (versions 3 and 4) in the uniform interleave.
 
     Raises:
         ConfigError: Names the first differing setting with both values.
     """
+    uniform_era = "interleave" not in saved
+    if uniform_era:
+        saved = {**saved, "interleave": "uniform"}
     if "chunk_size" not in saved:
         saved = {**saved, "chunk_size": 0}
-        order = ("chunk_size", "num_open", "piece_size")
+        order = ("chunk_size", "num_open", "piece_size", "interleave")
         if any(saved.get(name) != current.get(name) for name in order):
             wanted = ", ".join(f"{name}={saved.get(name)!r}" for name in order)
             raise ConfigError(
@@ -256,6 +263,13 @@ def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any]) -> N
                 "which read whole shards in a shuffled order; to finish its epoch exactly, pass "
                 f"StreamOptions({wanted}) (or start the epoch over without load_state_dict)"
             )
+    elif uniform_era and current.get("interleave") != "uniform":
+        raise ConfigError(
+            "cannot resume: this state (format 4) was saved by shardstream 0.2 or earlier, "
+            "whose windows interleave their pieces uniformly at random; to finish its epoch "
+            "exactly, pass StreamOptions(interleave='uniform') (or start the epoch over "
+            "without load_state_dict)"
+        )
     for name in sorted(set(saved) | set(current)):
         if saved.get(name) != current.get(name):
             raise ConfigError(

@@ -37,6 +37,7 @@ __all__ = [
     "ChunkSequence",
     "DatasetFacts",
     "LOCAL_ORDER",
+    "INTERLEAVES",
     "OrderChoice",
     "POLICIES",
     "PlanOptions",
@@ -186,6 +187,10 @@ class OrderChoice:
     block_size: int = 64
 
 
+#: How a window's pieces take turns: ``"stratified"`` (each stretch of as many samples as the
+#: window has pieces holds about one of each) or ``"uniform"`` (a uniformly random interleave:
+#: the order of shardstream 0.2 and earlier, which states saved by them continue in).
+INTERLEAVES = ("stratified", "uniform")
 #: Shards without an index, which can only be entered at their start: whole shards in a
 #: seeded order, 64 lanes of 64 samples (the earlier whole-shard order). Also the defaults
 #: of :class:`PlanOptions`.
@@ -213,6 +218,9 @@ class PlanOptions:
             ``num_open * piece_size`` samples whose pieces are interleaved at random.
         chunk_size: Samples per chunk of the epoch's order (see this module); 0 reads
             whole shards in a seeded order.
+        interleave: How a window's pieces take turns (see
+            :func:`~shardstream.streaming._planning.windows.interleave_labels`):
+            ``"stratified"``, or ``"uniform"`` (the order of shardstream 0.2 and earlier).
     """
 
     seed: int = 0
@@ -222,10 +230,13 @@ class PlanOptions:
     piece_size: int = WHOLE_SHARD_ORDER.piece_size
     num_open: int = WHOLE_SHARD_ORDER.num_open
     chunk_size: int = WHOLE_SHARD_ORDER.chunk_size
+    interleave: str = "stratified"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.interleave not in INTERLEAVES:
+            raise ConfigError(f"interleave must be one of {INTERLEAVES}, got {self.interleave!r}")
         if self.chunk_size < 0:
             raise ConfigError(f"chunk_size must be >= 0, got {self.chunk_size}")
         for name in ("block_size", "piece_size", "num_open"):

@@ -5,8 +5,10 @@ belonging to one stream. A stream's samples in lane ``l`` (its units there, end 
 its *sub-lane*. Window ``i`` of a stream takes ``piece_size`` samples from each of its
 sub-lanes, positions ``[i * piece_size, (i + 1) * piece_size)``, so one window holds runs
 from all over the rank part (shards written in class order still give mixed batches), and
-yields them in a seeded random interleave: a uniformly random order of the window's samples in
-which every run keeps its own order. So every run is read front to back (one ranged read, or
+yields them in a seeded random interleave in which every run keeps its own order: stratified
+(each run spread evenly over the window at a random phase, so every stretch of as many samples
+as the window has runs holds about one of each; :func:`interleave_labels`), or uniformly
+random. So every run is read front to back (one ranged read, or
 one memory map), and any contiguous slice of a window's order is a prefix-to-suffix slice of
 each run.
 
@@ -37,6 +39,7 @@ __all__ = [
     "StreamLanes",
     "Window",
     "build_window",
+    "interleave_labels",
     "part_base_ranges",
     "part_runs",
     "planned_batches",
@@ -246,7 +249,8 @@ def build_window(
     firsts = np.zeros(len(runs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=firsts[1:])
     if options.shuffle and len(runs) > 1:
-        labels = np.random.default_rng(window_seed(options, stream, index)).permutation(labels)
+        rng = np.random.default_rng(window_seed(options, stream, index))
+        labels = interleave_labels(lengths, rng, options.interleave)
         order = np.argsort(labels, kind="stable")  # each run's outputs, in output order
         ordinals = np.empty(len(labels), dtype=np.int64)
         ordinals[order] = np.arange(len(labels)) - np.repeat(firsts, lengths)
@@ -255,6 +259,37 @@ def build_window(
     fillers = np.zeros(len(runs), dtype=bool)
     fillers[filler_runs] = True
     return Window(index, lanes.before(index), runs, run_lanes, labels, ordinals, fillers)
+
+
+def interleave_labels(lengths: np.ndarray, rng: np.random.Generator, kind: str) -> np.ndarray:
+    """A seeded order of a window's samples: for each output position, the run it comes from.
+
+    Every run keeps its own order either way (the caller numbers each run's outputs in turn).
+    ``"uniform"``: a uniformly random permutation of the labels. A batch of ``b`` samples from
+    a window of ``r`` equal runs then holds about ``r * (1 - exp(-b / r))`` of them (42 of 73
+    for a batch of 64), since some runs come twice and others not at all. ``"stratified"``:
+    run ``i``'s ``k``-th sample goes to key ``(k + u) / n_i`` with ``u`` uniform in [0, 1) per
+    sample, and the outputs follow the keys. Each run is spread evenly over the window at a
+    random phase, so every stretch of ``r`` outputs of equal runs holds one sample of each run,
+    in a random order: a batch holds samples of ``min(b, r)`` runs, as many places as a random
+    permutation's batch draws from when the runs come from all over the dataset.
+
+    Examples:
+        >>> rng = np.random.default_rng(0)
+        >>> labels = interleave_labels(np.array([3, 3, 3]), rng, "stratified")
+        >>> [sorted(labels[i : i + 3].tolist()) for i in (0, 3, 6)]
+        [[0, 1, 2], [0, 1, 2], [0, 1, 2]]
+        >>> sorted(interleave_labels(np.array([2, 1]), rng, "uniform").tolist())
+        [0, 0, 1]
+    """
+    labels = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    if kind == "uniform":
+        return rng.permutation(labels)
+    starts = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    ordinals = np.arange(len(labels), dtype=np.float64) - np.repeat(starts, lengths)
+    keys = (ordinals + rng.random(len(labels))) / np.repeat(lengths, lengths)
+    return labels[np.argsort(keys, kind="stable")]
 
 
 Refs = tuple[np.ndarray, np.ndarray]  # (shard numbers, sample ordinals within the shards)

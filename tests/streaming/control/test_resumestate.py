@@ -38,9 +38,9 @@ def _state() -> PassState:
     return PassState(2, (PassRecord(Layout(4, 2, 8), 3),), Layout(2, 2, 16), 5, (1, 2))
 
 
-def test_a_loader_state_is_format_4_and_round_trips() -> None:
+def test_a_loader_state_is_format_5_and_round_trips() -> None:
     encoded = encode_state(_state(), Layout(2, 3, 16), {"seed": 0})
-    assert STATE_VERSION == 4
+    assert STATE_VERSION == 5
     assert list(encoded) == ["version", *PASS, *LAYOUT, "fingerprint"]
     assert encoded["history"] == [
         {"world_size": 4, "num_workers": 2, "batch_size": 8, "consumed_steps": 3}
@@ -101,9 +101,23 @@ def test_older_formats_and_malformed_states_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"malformed resume state.*world_size"):
         decode_state({"version": 4, "epoch": 0, "fingerprint": {}})
     order = {"num_open": 4, "piece_size": 8, "seed": 0}
-    check_fingerprint(order, {**order, "chunk_size": 0})  # version 3: read whole shards
+    # version 3: read whole shards, in the uniform interleave
+    check_fingerprint(order, {**order, "chunk_size": 0, "interleave": "uniform"})
     with pytest.raises(ConfigError, match=r"state \(format 3\) was saved in the whole-shard order"):
-        check_fingerprint(order, {**order, "chunk_size": 64})
+        check_fingerprint(order, {**order, "chunk_size": 64, "interleave": "uniform"})
+    with pytest.raises(ConfigError, match=r"interleave='uniform'\)"):
+        check_fingerprint(order, {**order, "chunk_size": 0, "interleave": "stratified"})
+
+
+def test_states_saved_before_the_stratified_interleave_continue_only_in_the_uniform_one() -> None:
+    saved = {"seed": 0, "chunk_size": 8, "num_open": 4, "piece_size": 8}  # format 4
+    check_fingerprint(saved, {**saved, "interleave": "uniform"})
+    with pytest.raises(ConfigError, match=r"format 4.*StreamOptions\(interleave='uniform'\)"):
+        check_fingerprint(saved, {**saved, "interleave": "stratified"})
+    today = {**saved, "interleave": "stratified"}
+    check_fingerprint(today, today)
+    with pytest.raises(ConfigError, match=r"interleave was 'stratified'.*'uniform' now"):
+        check_fingerprint(today, {**saved, "interleave": "uniform"})
 
 
 def test_a_field_added_in_this_module_alone_round_trips_and_older_states_load(
