@@ -38,6 +38,16 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     ("not aesthetic", "field 'aesthetic' (int64) is not true/false"),
     ("aesthetic >= 1 and aesthetic", "field 'aesthetic' (int64) is not true/false"),
     ('aesthetic in [1, "a"]', "cannot compare field 'aesthetic' (int64) with the list"),
+    ("aesthetic is 1", "'is' and 'is not' take None only"),
+    ("aesthetic is not True", "'is' and 'is not' take None only"),
+    ("aesthetic == None", "a comparison with None is never true (a missing value equals "
+                          "nothing); write 'aesthetic is None'"),
+    ("None != aesthetic", "write 'aesthetic is not None'"),
+    ('aesthetic in "12"', "'in' takes a list of constants"),
+    ("aesthetic in [aesthetic]", "'in' takes a list of constants"),
+    ("None", "the constant None (a value) is not true/false"),
+    ("aesthetic > 1 or None", "the constant None (a value) is not true/false"),
+    ('aesthetic == b"1"', "\"b'1'\" is not allowed"),
 ])  # fmt: skip
 def test_a_predicate_of_the_wrong_type_is_one_line_naming_the_field(
     scored: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
@@ -48,6 +58,21 @@ def test_a_predicate_of_the_wrong_type_is_one_line_naming_the_field(
     assert not (tmp_path / "v").exists()
     assert main(["view", str(scored), str(tmp_path / "ok"), "--where", "aesthetic >= 3", "-q"]) == 0
     assert "6 samples" in capsys.readouterr().out
+
+
+def test_negative_constants_and_is_none_select_what_they_say(
+    scored: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shardstream._format.columns import Predicate
+
+    table = pa.table({"score": [-2.5, None, 0.0, 3.0], "tag": ["a", None, "b", "a"]})
+    assert Predicate("score > -1").mask(table).tolist() == [False, False, True, True]
+    assert Predicate("score in [-2.5, 3]").mask(table).tolist() == [True, False, False, True]
+    assert Predicate("score is None").mask(table).tolist() == [False, True, False, False]
+    assert Predicate("tag is not None and score < +1").mask(table).tolist() == [
+        True, False, True, False]  # fmt: skip
+    assert main(["view", str(scored), str(tmp_path / "v"), "--where", "aesthetic > -1", "-q"]) == 0
+    assert "12 samples" in capsys.readouterr().out
 
 
 def test_tables_that_do_not_read_are_one_line_naming_the_file_and_row(
