@@ -54,6 +54,7 @@ __all__ = [
     "from_pandas",
     "read_table",
     "read_table_file",
+    "refuse_repeated_columns",
 ]
 
 
@@ -74,15 +75,17 @@ def declared_types(types: Mapping[str, str]) -> dict[str, Any]:
     return declared
 
 
-def read_table_file(path: str, declared: Mapping[str, Any]) -> Any:
-    """A ``.parquet``, ``.csv`` or ``.jsonl`` file as an Arrow table of the declared types."""
+def read_table_file(path: str, declared: Mapping[str, Any], key: str | None = None) -> Any:
+    """A ``.parquet``, ``.csv`` or ``.jsonl`` file as an Arrow table of the declared types (a
+    CSV's ``key`` column read as text: keys such as ``000123`` are not numbers)."""
     arrow = import_arrow()
     errors = (arrow.ArrowInvalid, arrow.ArrowTypeError, arrow.ArrowNotImplementedError, OSError)
     try:
         if path.endswith(".parquet"):
             return cast_declared(arrow.parquet.read_table(path), declared, path)
         if path.endswith(".csv"):
-            return _read_csv(path, declared)
+            as_text = {} if key is None or key in declared else {key: arrow.string()}
+            return _read_csv(path, {**declared, **as_text})
         if path.endswith((".jsonl", ".json")):
             return _read_jsonl(path, declared)
     except FileNotFoundError:
@@ -138,9 +141,19 @@ def _read_csv(path: str, declared: Mapping[str, Any]) -> Any:
     table = pyarrow.csv.read_csv(
         path, convert_options=pyarrow.csv.ConvertOptions(column_types=dict(declared))
     )
+    refuse_repeated_columns(table, path)
     for field in table.column_names:
         if field not in declared:
             _refuse_mixed(path, table, field)
+    return table
+
+
+def refuse_repeated_columns(table: Any, where: str) -> Any:
+    """``table``, refused when two of its columns have one name (neither could be chosen)."""
+    names = table.column_names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{where}: has two columns named {twice[0]!r}; rename one")
     return table
 
 
@@ -294,7 +307,7 @@ def attach_columns(
         >>> attach_columns("shards/train", "scores.parquet", key="__key__")  # doctest: +SKIP
     """
     arrow = import_arrow()
-    rows = read_table(table, types)
+    rows = read_table(table, types, key)
     request = hashlib.sha256(_ipc_bytes(arrow, rows) + key.encode()).hexdigest()
     store = Store(os.fspath(dataset), storage_options)
     with destination_lock(store, "attach"):
@@ -306,6 +319,9 @@ def attach_columns(
         version = base.version + 1
         folder = columns_folder(version)
         matched = _write_files(store, base, rows, key, fields, folder, progress)
+        if matched == 0:
+            store.remove_folder(folder)
+            raise ConfigError(_no_match(store, base, rows, key))
         types = {name: str(rows.schema.field(name).type) for name in fields}
         if base.columns is not None:  # fields attached before stay, after the new ones
             types = {**types, **{k: v for k, v in base.columns.fields.items() if k not in types}}
@@ -324,7 +340,7 @@ def attach_columns(
     return manifest
 
 
-def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
+def read_table(table: Any, types: Mapping[str, str] | None = None, key: str | None = None) -> Any:
     """``table`` as a pyarrow Table (a path: Parquet, CSV or JSONL by its suffix).
 
     Column types are decided explicitly: ``types`` (field -> Arrow type name such as
@@ -340,11 +356,13 @@ def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
     arrow = import_arrow()
     declared = declared_types(types or {})
     if isinstance(table, (str, os.PathLike)):
-        return read_table_file(os.fspath(table), declared)
+        path = os.fspath(table)
+        return refuse_repeated_columns(read_table_file(path, declared, key), path)
     if isinstance(table, arrow.Table):
-        return cast_declared(table, declared, "the table")
+        return cast_declared(refuse_repeated_columns(table, "the table"), declared, "the table")
     if hasattr(table, "to_dict") and hasattr(table, "columns"):  # a pandas DataFrame
-        return cast_declared(from_pandas(table), declared, "the DataFrame")
+        rows = refuse_repeated_columns(from_pandas(table), "the DataFrame")
+        return cast_declared(rows, declared, "the DataFrame")
     raise ConfigError(f"a table is a file, a pandas DataFrame or a pyarrow Table, not {table!r}")
 
 
@@ -382,15 +400,22 @@ def _check_fields(store: Store, base: Manifest, rows: Any, key: str) -> list[str
             )
     if not fields:
         raise ConfigError(f"the table has no column besides its key column {key!r}")
+    if rows.num_rows == 0:
+        raise ConfigError("the table has no rows (a header only?); nothing to attach")
     return fields
 
 
 def _members(store: Store, base: Manifest) -> set[str]:
+    return {extension for extension in _first_sample(store, base) if not extension.startswith("__")}
+
+
+def _first_sample(store: Store, base: Manifest) -> dict[str, Any]:
+    """The first shard's first sample, its members without their bytes."""
     shards = root_store(store, base.shard_root)
     name = base.shards[0].name
     with shards.open_read(name) as stream:
         sample, _ = next(iter_samples(open_tar(stream, shards.shown(name)), want_data=False))
-    return {extension for extension in sample if not extension.startswith("__")}
+    return dict(sample)
 
 
 def _write_files(
@@ -429,12 +454,23 @@ def _write_files(
             write_columns(store, column_file(folder, info.name), table)
         if progress is not None:
             progress(numbers.stop, total)
-    if not used.all():
+    if used.any() and not used.all():  # none used: attach_columns refuses the table
         logger.warning(
             "%s: %d of the table's %d keys are in no shard; their rows are not attached",
             store.shown(), int((~used).sum()), len(keys),
         )  # fmt: skip
     return matched
+
+
+def _no_match(store: Store, base: Manifest, rows: Any, key: str) -> str:
+    """Why nothing was attached: none of the table's keys is a sample's (shown side by side)."""
+    return (
+        f"{store.shown()}: none of the table's {rows.num_rows} keys is a sample's key (its "
+        f"column {key!r} holds keys such as {str(rows.column(key)[0].as_py())!r}, the shards "
+        f"keys such as {_first_sample(store, base)['__key__']!r}); nothing was attached. Give "
+        "the table the samples' keys, or name the column that holds them with "
+        "key='COLUMN' (--key COLUMN)"
+    )
 
 
 def _merged(store: Store, base: Manifest, number: int, new: Any) -> Any:

@@ -84,13 +84,38 @@ def test_tables_that_do_not_read_are_one_line_naming_the_file_and_row(
     mixed.write_text('{"__key__": "s000001", "m": 1}\n{"__key__": "s000002", "m": "x"}\n')
     corrupt = tmp_path / "corrupt.parquet"
     corrupt.write_bytes(b"PAR1" + b"\0" * 64)
+    header = tmp_path / "header.csv"
+    header.write_text("__key__,score\n")
+    twice = tmp_path / "twice.csv"
+    twice.write_text("__key__,score,score\ns000001,1,2\n")
+    unknown = tmp_path / "unknown.csv"
+    unknown.write_text("__key__,score\nimg_1,1\nimg_2,2\n")
     for table, said in [
         (extra, "extra.csv: line 3 has 3 columns where the header has 2"),
         (mixed, "mixed.jsonl: field 'm' is a number in one row and a string at line 2"),
         (corrupt, "corrupt.parquet: not a readable Parquet file"),
-    ]:
+        (header, "the table has no rows (a header only?); nothing to attach"),
+        (twice, "twice.csv: has two columns named 'score'; rename one"),
+        (unknown, "none of the table's 2 keys is a sample's key (its column '__key__' holds "
+                  "keys such as 'img_1', the shards keys such as 's000000'); nothing was "
+                  "attached. Give the table the samples' keys, or name the column that holds "
+                  "them with --key COLUMN"),
+    ]:  # fmt: skip
         assert said in _error(["attach", str(scored), str(table)], capsys)
     assert read_manifest(scored).version == 2  # nothing was published
+    assert sorted(path.name for path in (scored / "columns").iterdir()) == ["v000002"]
+
+
+def test_keys_that_look_like_numbers_match_as_text(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "ds"
+    samples = [{"__key__": f"{i:09d}", "cls": i % 2} for i in range(6)]  # webdataset's keys
+    build_shards(samples, root, max_samples_per_shard=3)
+    table = tmp_path / "scores.csv"
+    table.write_text("__key__,score\n" + "".join(f"{i:09d},{i}\n" for i in range(6)))
+    manifest = attach_columns(root, table)
+    assert manifest.settings["attach"]["matched_samples"] == 6
+    sample = RandomAccessDataset(root, decode="raw", options=StreamOptions(output="dict"))
+    assert sample.by_key("000000004")["score"] == 4
 
 
 def test_a_stray_text_cell_is_refused_not_turned_into_a_text_column(
