@@ -189,6 +189,18 @@ def test_messages_recommend_only_options_the_command_has(
     assert "on-error" not in out
 
 
+@pytest.mark.parametrize("argv", [["verify", "--decode"], ["inspect", "--classes", "3"]])
+def test_a_truncated_shard_read_by_a_command_without_on_error_is_not_told_to_skip(
+    dataset: pathlib.Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    whole = (dataset / "shard-000001.tar").read_bytes()
+    (dataset / "shard-000001.tar").write_bytes(whole[: len(whole) // 2])
+    assert main([argv[0], str(dataset), *argv[1:], "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "shard-000001.tar" in err, err
+    assert "Re-copy or rebuild it." in err and "on-error" not in err and "on_error" not in err
+
+
 def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

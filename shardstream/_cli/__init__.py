@@ -58,10 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["inspect", "shards/train"])  # doctest: +SKIP
         0
     """
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    flags = set(parser.commands[args.command]._option_string_actions)
     secrets = _secrets(args)
     remember_secrets(secrets)
-    _configure_logging(args.verbose, secrets)
+    _configure_logging(args.verbose, secrets, flags)
     try:
         status = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe (`| head`) fails here, not at interpreter exit
@@ -70,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_went_away()
     except BaseException as error:
         redact_error(error, secrets)  # also what a traceback of a bug would show
-        failed = _failed(error, secrets)
+        failed = _failed(error, secrets, flags)
         if failed is None:
             raise  # not a storage failure: a bug, shown with its traceback
         return failed
@@ -86,8 +88,9 @@ def _secrets(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
-    """Exit status 1 after one line on stderr for a failure a user can fix; None for a bug."""
+def _failed(error: BaseException, secrets: Sequence[str], flags: set[str]) -> int | None:
+    """Exit status 1 after one line on stderr for a failure a user can fix; None for a bug.
+    The line names the command's ``flags`` for the library's arguments, and no others."""
     if isinstance(error, ShardstreamError):
         # A missing shard's message says what to do; other storage failures get the fix that
         # fits their cause (credentials, endpoint, permissions...).
@@ -95,7 +98,7 @@ def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
         cause = error.__cause__ if isinstance(error, StorageError) and not told else None
         fix = explain(cause, detail=False) if cause is not None else None
         shown = str(error) if fix is None else f"{error} -- {fix}"
-        print(f"error: {redact_text(cli_spelling(shown), secrets)}", file=sys.stderr)
+        print(f"error: {redact_text(cli_spelling(shown, flags), secrets)}", file=sys.stderr)
         return 1
     # Storage refused or failed: one line with the fitting fix.
     line = explain(error) if isinstance(error, Exception) else None
@@ -169,16 +172,19 @@ class _RedactingFormatter(logging.Formatter):
     """Formats log records with the command line's spellings, then masks URL secrets and the
     given literal secrets."""
 
-    def __init__(self, fmt: str, secrets: Sequence[str]) -> None:
+    def __init__(self, fmt: str, secrets: Sequence[str], flags: set[str] | None = None) -> None:
         super().__init__(fmt)
         self._secrets = tuple(secrets)
+        self._flags = flags
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(cli_spelling(super().format(record)), self._secrets)
+        return redact_text(cli_spelling(super().format(record), self._flags), self._secrets)
 
 
-def _configure_logging(verbose: bool, secrets: Sequence[str]) -> None:
-    """Log to stderr through a redacting formatter (library messages may quote URLs)."""
+def _configure_logging(verbose: bool, secrets: Sequence[str], flags: set[str]) -> None:
+    """Log to stderr through a redacting formatter (library messages may quote URLs), with the
+    command's ``flags`` for the library's argument names."""
     handler = logging.StreamHandler()
-    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s", secrets))
+    formatter = _RedactingFormatter("%(levelname)s %(name)s: %(message)s", secrets, flags)
+    handler.setFormatter(formatter)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
