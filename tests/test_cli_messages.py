@@ -238,6 +238,15 @@ def test_small_edges_are_told_plainly(
     assert result.returncode == 2 and "did you mean --workers?" in result.stderr, result.stderr
     result = _cli("build", str(dataset), str(tmp_path / "x"), "--on-eror", "skip")
     assert "did you mean --on-error?" in result.stderr, result.stderr
+    # A command that stops first at its own missing argument still names the flag meant.
+    for argv, meant in (
+        [["view", str(dataset), str(tmp_path / "v"), "--fration", "0.5"], "--fraction"],
+        [["exclude", str(dataset), "--kyes", "k.txt"], "--keys"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and f"is required (did you mean {meant}?)" in err, err
 
 
 def test_inspect_lists_the_attached_fields_and_their_table(

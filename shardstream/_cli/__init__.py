@@ -113,9 +113,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="shardstream", description=plain_help(__doc__))
     parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
     _add_output_flags(parser, False)
-    subparsers = parser.add_subparsers(
-        dest="command", required=True, parser_class=argparse.ArgumentParser
-    )
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     for add in SUBCOMMANDS:
         add(subparsers)
     parser.commands = subparsers.choices
@@ -142,12 +140,37 @@ class _Parser(argparse.ArgumentParser):
     def _suggestion(self, parsed: argparse.Namespace, extras: Sequence[str]) -> str:
         command = self.commands.get(getattr(parsed, "command", None) or "")
         known = [*self._option_string_actions, *(command._option_string_actions if command else ())]
-        for extra in extras:
-            if extra.startswith("--"):
-                close = difflib.get_close_matches(extra.partition("=")[0], known, n=1, cutoff=0.6)
-                if close:
-                    return f" (did you mean {close[0]}?)"
-        return ""
+        return _closest_flag(extras, known)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: when it stops at a missing argument before the top level sees
+    the unknown ones (``view A B --fration 0.5``), it suggests the flag meant as well."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = [str(arg) for arg in args] if args is not None else sys.argv[1:]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> Any:
+        known = list(self._option_string_actions)
+        unknown = [
+            given for given in self._given
+            if not any(flag.startswith(given.partition("=")[0]) for flag in known)
+        ]  # fmt: skip
+        super().error(message + _closest_flag(unknown, known))
+
+
+def _closest_flag(given: Sequence[str], known: Sequence[str]) -> str:
+    """`` (did you mean --workers?)`` for the first ``--flag`` in ``given`` close to a known
+    one, else ``""``."""
+    for extra in given:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.partition("=")[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def _add_output_flags(parser: argparse.ArgumentParser, default: Any) -> None:
