@@ -227,6 +227,15 @@ def test_small_edges_are_told_plainly(
     err = capsys.readouterr().err
     assert "add up to 1" in err and "sum 1.1" in err, err
     assert not (tmp_path / "s").exists()
+    for argv, said in [
+        (["--split", "train=0.5,train=0.5"], "--split names 'train' twice"),
+        (["--fraction", "1.5"], "a view's fraction is more than 0 and at most 1"),
+        (["--fraction", "0"], "a view's fraction is more than 0 and at most 1"),
+    ]:  # a name given twice was merged (one view of half); 0 wrote a view of no samples
+        assert main(["view", str(dataset), str(tmp_path / "s"), *argv, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err, err
+        assert not (tmp_path / "s").exists()
     nowhere = tmp_path / "nowhere"
     for argv in (["inspect", str(nowhere)], ["index", str(nowhere)], ["verify", str(nowhere)],
                  ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"]):  # fmt: skip

@@ -187,6 +187,11 @@ def make_view(
     if where is not None:
         return where_view(source, dest, where, storage_options=storage_options, progress=progress)
     if fraction is not None:
+        if not 0 < fraction <= 1:  # 0 would write a view of no samples
+            raise ConfigError(
+                f"a view's fraction is more than 0 and at most 1 (fraction=0.1 keeps about a "
+                f"tenth of the samples), got {fraction}"
+            )
         selection = Selection.fraction(fraction, seed)
     elif bounds is not None:
         selection = Selection("range", seed, *bounds)
