@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardstream._cli.build import add_abandon, add_build, add_index, add_verify
@@ -108,7 +108,7 @@ def _failed(error: BaseException, secrets: Sequence[str], flags: set[str]) -> in
     return 1
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser() -> _Parser:
     """The parser of every subcommand; ``-v`` and ``-q`` work before or after its name."""
     parser = _Parser(prog="shardstream", description=plain_help(__doc__))
     parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
@@ -128,7 +128,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands: dict[str, argparse.ArgumentParser] = {}
+        self.commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, extras = self.parse_known_args(args, namespace)
