@@ -238,7 +238,8 @@ def test_small_edges_are_told_plainly(
         assert not (tmp_path / "s").exists()
     nowhere = tmp_path / "nowhere"
     for argv in (["inspect", str(nowhere)], ["index", str(nowhere)], ["verify", str(nowhere)],
-                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"]):  # fmt: skip
+                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"],
+                 ["prune", str(nowhere), "--dry-run"]):  # fmt: skip
         assert main([*argv, "-q"]) == 1
         err = capsys.readouterr().err
         assert f"{nowhere}: does not exist; check the path" in err, err
