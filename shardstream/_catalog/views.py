@@ -22,8 +22,10 @@ read of every shard's index (the key hashes), not of the shards."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import keyword
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -94,13 +96,17 @@ def where_view(
     Examples:
         >>> where_view("shards/train", "shards/pretty", "aesthetic >= 5")  # doctest: +SKIP
     """
-    predicate = Predicate(where)
     origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None or manifest.columns is None:
+        Predicate(where)  # a predicate that does not parse is told first
         raise ConfigError(
             f"{origin.shown()}: {'is a view' if manifest.view else 'has no attached fields'}; a "
             "view by fields is made of a dataset with fields (`shardstream attach`)"
         )
+    try:
+        predicate = Predicate(where)
+    except ConfigError as error:
+        raise ConfigError(f"{error}{_unnamable(where, manifest.columns.fields)}") from None
     columns, fields = manifest.columns, root_store(origin, manifest.columns.root)
     counts = np.zeros(len(manifest.shards), np.int64)
     left_out = []
@@ -145,6 +151,22 @@ logger = logging.getLogger(__name__)
 
 KEYS_NAME = "view.keys"
 _READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
+
+
+def _unnamable(where: str, fields: Iterable[str]) -> str:
+    """Why a predicate cannot name a field it mentions (``my-score``, ``class``), if it is so."""
+    for field in fields:
+        if field in where and (not field.isidentifier() or keyword.iskeyword(field)):
+            name = re.sub(r"\W+", "_", field).strip("_") or "field"
+            if keyword.iskeyword(name):
+                name = f"{name}_"
+            elif not name.isidentifier():
+                name = f"f_{name}"
+            return (
+                f"; field {field!r} is not a Python name, so a predicate cannot name it: attach "
+                f"it again under a name such as {name!r}"
+            )
+    return ""
 
 
 def make_view(

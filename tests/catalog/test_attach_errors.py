@@ -164,3 +164,18 @@ def test_a_dataframe_column_of_mixed_types_is_refused_naming_the_row(
                        r"row 2 holds 'x'\)"):  # fmt: skip
         attach_columns(scored, frame)
     assert read_manifest(scored).version == 2
+
+
+def test_a_field_that_is_not_a_python_name_is_named_when_a_predicate_cannot_use_it(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ds"
+    build_shards(make_samples(6), root, max_samples_per_shard=3)
+    keys = [f"s{i:06d}" for i in range(6)]
+    attach_columns(root, pa.table({"__key__": keys, "my-score": range(6), "class": range(6)}))
+    for where, said in [
+        ("my-score > 1", "field 'my-score' is not a Python name, so a predicate cannot name "
+                         "it: attach it again under a name such as 'my_score'"),
+        ("class > 1", "not an expression (invalid syntax); field 'class' is not a Python name"),
+    ]:  # fmt: skip
+        assert said in _error(["view", str(root), str(tmp_path / "v"), "--where", where], capsys)
