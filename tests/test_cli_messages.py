@@ -220,6 +220,22 @@ def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_an_append_stopped_by_a_broken_image_finishes_with_on_error_skip(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "out"
+    assert main(["build", str(write_image_folder(tmp_path / "day1")), str(dest), "-q"]) == 0
+    more = write_image_folder(tmp_path / "day2", per_class=2)
+    (more / "class_01" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut short")
+    assert main(["build", str(more), str(dest), "--append", "-q"]) == 1
+    assert "or pass --on-error skip" in capsys.readouterr().err
+    assert main(["build", str(more), str(dest), "--append", "--on-error", "skip", "-q"]) == 0
+    assert "version 2: 18 samples" in capsys.readouterr().out  # 12 + 6, the cut one skipped
+    manifest = read_manifest(dest)
+    assert [item.source.endswith("cut.jpg") for item in manifest.skipped] == [True]
+    assert not (dest / "_shardstream_build").exists()
+
+
 def test_small_edges_are_told_plainly(
     dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
