@@ -36,12 +36,19 @@ from shardstream._catalog.versions import record_view
 from shardstream._format.columns import ColumnSet, Predicate, column_file, read_column_table
 from shardstream._format.exclusions import Exclusions, Selection
 from shardstream._format.keys import key_hash
-from shardstream._format.manifest import Manifest, absolute_root, root_store, write_manifest
+from shardstream._format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    absolute_root,
+    read_manifest_file,
+    root_store,
+    write_manifest,
+)
 from shardstream._format.shardindex import decode_index
 from shardstream._format.shardtable import ShardTable
 from shardstream._storage import StorageOptions, Store
 from shardstream._version import __version__
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, DatasetExistsError, ShardstreamError
 
 __all__ = [
     "FILTERED_VERSION",
@@ -97,6 +104,7 @@ def where_view(
         >>> where_view("shards/train", "shards/pretty", "aesthetic >= 5")  # doctest: +SKIP
     """
     origin, manifest = read_dataset(source, storage_options)
+    target = view_destination(dest, storage_options)
     if manifest.view is not None or manifest.columns is None:
         Predicate(where)  # a predicate that does not parse is told first
         raise ConfigError(
@@ -123,7 +131,6 @@ def where_view(
         if progress is not None:
             progress(number + 1, len(manifest.shards))
     view = _view_manifest(origin, manifest, counts, left_out, where, fields)
-    target = Store(os.fspath(dest), storage_options)
     target.makedirs()
     write_manifest(target, view)
     record_view(origin, target, manifest.version)
@@ -151,6 +158,28 @@ logger = logging.getLogger(__name__)
 
 KEYS_NAME = "view.keys"
 _READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
+
+
+def view_destination(dest: str | os.PathLike[str], storage_options: StorageOptions) -> Store:
+    """Where a view goes: a new or empty folder, or one holding a view (made again).
+
+    Raises:
+        DatasetExistsError: ``dest`` holds a dataset's manifest (the view would replace it).
+    """
+    target = Store(os.fspath(dest), storage_options)
+    if not target.exists(MANIFEST_NAME):
+        return target
+    try:
+        found = read_manifest_file(target, MANIFEST_NAME)
+    except ShardstreamError:
+        found = None
+    if found is None or found.view is None:
+        held = "" if found is None else f" ({found.num_samples} samples, version {found.version})"
+        raise DatasetExistsError(
+            f"{target.shown()}: holds a dataset{held}, not a view; its manifest would be "
+            "replaced. Write the view to a new folder (a view replaces only a view)"
+        )
+    return target
 
 
 def _unnamable(where: str, fields: Iterable[str]) -> str:
@@ -223,10 +252,10 @@ def make_view(
     origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None:
         raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
+    target = view_destination(dest, storage_options)
     counts, found = _kept_counts(origin, manifest, selection, progress)
     if keys is not None:
         _log_unknown_keys(list(keys), found, origin)
-    target = Store(dest, storage_options)
     target.makedirs()
     keys_file = None
     if selection.kind == "keys" and selection.keys is not None:
@@ -264,6 +293,8 @@ def split_dataset(
             f"split shares must be non-negative and add up to 1, got {dict(splits)} (sum "
             f"{total:g}); e.g. train=0.9,val=0.1"
         )
+    for name in splits:  # all refused before any is written
+        view_destination(Store(dest, storage_options).url(name), storage_options)
     low, views = 0.0, {}
     for number, (name, share) in enumerate(splits.items()):
         high = 1.0 if number == len(splits) - 1 else low + share / total
