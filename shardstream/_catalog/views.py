@@ -33,7 +33,13 @@ import numpy as np
 
 from shardstream._catalog.shardlist import Source, read_dataset
 from shardstream._catalog.versions import record_view
-from shardstream._format.columns import ColumnSet, Predicate, column_file, read_column_table
+from shardstream._format.columns import (
+    ColumnSet,
+    Predicate,
+    column_file,
+    import_arrow,
+    read_column_table,
+)
 from shardstream._format.exclusions import Exclusions, Selection
 from shardstream._format.keys import key_hash
 from shardstream._format.manifest import (
@@ -117,14 +123,17 @@ def where_view(
         raise ConfigError(f"{error}{_unnamable(where, manifest.columns.fields)}") from None
     columns, fields = manifest.columns, root_store(origin, manifest.columns.root)
     counts = np.zeros(len(manifest.shards), np.int64)
-    left_out = []
+    left_out, schema = [], None
     for number, info in enumerate(manifest.shards):
         excluded = np.empty(0, np.int64)
         if manifest.exclusions is not None:
             excluded = manifest.exclusions.positions(number)
         keep = np.zeros(info.num_samples + len(excluded), dtype=bool)
         if number < columns.num_shards:
-            keep = predicate.mask(read_column_table(fields, column_file(columns.folder, info.name)))
+            table = read_column_table(fields, column_file(columns.folder, info.name))
+            keep, schema = predicate.mask(table), table.schema
+        elif schema is not None:  # appended after the attach: its samples' fields are null
+            keep = predicate.mask(_nulls(schema, len(keep)))
         keep[excluded] = False
         counts[number] = int(keep.sum())
         left_out.append((np.int64(number) << np.int64(32)) | np.flatnonzero(~keep))
@@ -180,6 +189,12 @@ def view_destination(dest: str | os.PathLike[str], storage_options: StorageOptio
             "replaced. Write the view to a new folder (a view replaces only a view)"
         )
     return target
+
+
+def _nulls(schema: Any, num_rows: int) -> Any:
+    """A table of ``schema``'s fields, ``num_rows`` rows of nulls (``score is None`` keeps them)."""
+    arrow = import_arrow()
+    return arrow.table([arrow.nulls(num_rows, field.type) for field in schema], schema=schema)
 
 
 def _unnamable(where: str, fields: Iterable[str]) -> str:

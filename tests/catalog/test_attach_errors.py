@@ -179,3 +179,23 @@ def test_a_field_that_is_not_a_python_name_is_named_when_a_predicate_cannot_use_
         ("class > 1", "not an expression (invalid syntax); field 'class' is not a Python name"),
     ]:  # fmt: skip
         assert said in _error(["view", str(root), str(tmp_path / "v"), "--where", where], capsys)
+
+
+def test_is_none_keeps_the_samples_appended_after_the_attach(tmp_path: pathlib.Path) -> None:
+    from shardstream._catalog.views import make_view
+    from tests.conftest import encode_image, write_image_folder
+
+    root = tmp_path / "ds"
+    build_shards(write_image_folder(tmp_path / "a", per_class=2), root, max_samples_per_shard=3)
+    given = {"__key__": ["class_00/img_00000", "class_01/img_00002"], "score": [1.0, None]}
+    attach_columns(root, pa.table(given))
+    more = tmp_path / "b" / "class_00"
+    more.mkdir(parents=True)
+    for name in ("class_01", "class_02"):  # the same classes, empty
+        (tmp_path / "b" / name).mkdir()
+    for i in range(4):
+        (more / f"extra_{i}.jpg").write_bytes(encode_image(16, 16, seed=100 + i))
+    build_shards(tmp_path / "b", root, max_samples_per_shard=3, append=True)  # fields: null
+    missing = make_view(root, tmp_path / "missing", where="score is None")
+    assert missing.num_samples == 5 + 4  # 4 rows never given, 1 null, and the 4 appended
+    assert make_view(root, tmp_path / "given", where="score is not None").num_samples == 1
