@@ -215,12 +215,20 @@ def _reason(path: str, text: str, declared: Mapping[str, Any]) -> str:
                 "value of another kind; fix that row, or declare another type"
             )
         line = _json_line_of(path, field)
-        return (f"field {field!r} is a {changed.group(2)} in one row and a {changed.group(3)} "
-                f"at {_at(line)}; give the field one type in every row (or declare its type: "
-                f"--type {field}=string)")  # fmt: skip
+        first, then = (_with_article(kind) for kind in changed.group(2, 3))
+        # Not "declare its type": a JSON reader takes a declared type only where every row's
+        # value is of one kind (a number may be declared float64, "1" and 1 cannot be one).
+        return (f"field {field!r} is {first} in one row and {then} at {_at(line)}; give the "
+                f"field values of one kind in every row (a string in each, \"1\" rather than "
+                f"1, to keep it as text)")  # fmt: skip
     if path.endswith(".parquet"):
         return f"not a readable Parquet file ({text}); write it again"
     return f"cannot be read ({text}); fix the file"
+
+
+def _with_article(kind: str) -> str:
+    """``an object``, ``a number``: pyarrow's name of a JSON kind, as a phrase."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def _at(line: int | None) -> str:

@@ -102,6 +102,13 @@ def test_tables_that_do_not_read_are_one_line_naming_the_file_and_row(
                   "them with --key COLUMN"),
     ]:  # fmt: skip
         assert said in _error(["attach", str(scored), str(table)], capsys)
+    # The fix it names works: a JSON reader cannot take "--type m=string" for 1 and "x".
+    assert "--type" not in _error(["attach", str(scored), str(mixed)], capsys)
+    _error(["attach", str(scored), str(mixed), "--type", "m=string"], capsys)
+    objects = tmp_path / "objects.jsonl"
+    objects.write_text('{"__key__": "s000001", "m": {"a": 1}}\n{"__key__": "s000002", "m": 1}\n')
+    said = "objects.jsonl: field 'm' is an object in one row and a number at line 2"
+    assert said in _error(["attach", str(scored), str(objects)], capsys)
     assert read_manifest(scored).version == 2  # nothing was published
     assert sorted(path.name for path in (scored / "columns").iterdir()) == ["v000002"]
 
