@@ -85,9 +85,9 @@ def read_table_file(path: str, declared: Mapping[str, Any], key: str | None = No
             return cast_declared(arrow.parquet.read_table(path), declared, path)
         if path.endswith(".csv"):
             as_text = {} if key is None or key in declared else {key: arrow.string()}
-            return _read_csv(path, {**declared, **as_text})
+            return _read_csv(path, declared, {**declared, **as_text})
         if path.endswith((".jsonl", ".json")):
-            return _read_jsonl(path, declared)
+            return _check_declared(_read_jsonl(path, declared), declared, path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such table file") from None
     except errors as error:
@@ -99,9 +99,8 @@ def cast_declared(table: Any, declared: Mapping[str, Any], where: str) -> Any:
     """``table`` with the declared columns cast to their types (a value that does not fit is
     refused, naming the field)."""
     arrow = import_arrow()
+    _check_declared(table, declared, where)
     for field, kind in declared.items():
-        if field not in table.column_names:
-            raise ConfigError(f"{where}: --type names {field!r}, which is not a column")
         position = table.column_names.index(field)
         try:
             column = table.column(field).cast(kind)
@@ -135,15 +134,28 @@ def from_pandas(frame: Any) -> Any:
         ) from None
 
 
-def _read_csv(path: str, declared: Mapping[str, Any]) -> Any:
+def _check_declared(table: Any, declared: Mapping[str, Any], where: str) -> Any:
+    """``table``, refused when a declared type names a field that no row holds (a misspelt
+    name would otherwise be ignored, or attached as a field of nulls)."""
+    for field in declared:
+        if field not in table.column_names or table.column(field).null_count == len(table):
+            raise ConfigError(
+                f"{where}: the declared types name {field!r}, which is not a column (columns: "
+                f"{', '.join(name for name in table.column_names if name != field)})"
+            )
+    return table
+
+
+def _read_csv(path: str, declared: Mapping[str, Any], column_types: Mapping[str, Any]) -> Any:
     import pyarrow.csv
 
     table = pyarrow.csv.read_csv(
-        path, convert_options=pyarrow.csv.ConvertOptions(column_types=dict(declared))
+        path, convert_options=pyarrow.csv.ConvertOptions(column_types=dict(column_types))
     )
     refuse_repeated_columns(table, path)
+    _check_declared(table, declared, path)
     for field in table.column_names:
-        if field not in declared:
+        if field not in column_types:
             _refuse_mixed(path, table, field)
     return table
 
@@ -174,8 +186,9 @@ def _refuse_mixed(path: str, table: Any, field: str) -> None:
     raise ConfigError(
         f"{path}: column {field!r} is numbers in {num_numeric} of {num_given} rows but "
         f"{column[row].as_py()!r} at line {row + 2} (row {row + 1} after the header), so its "
-        f"type is unclear; fix that row, or declare the column's type (--type {field}=float64, "
-        f"or --type {field}=string to keep it as text)"
+        f"type is unclear; fix that row, or declare the column's type: "
+        f"types={{{field!r}: 'float64'}} (--type {field}=float64), or "
+        f"types={{{field!r}: 'string'}} (--type {field}=string) to keep it as text"
     )
 
 

@@ -47,6 +47,7 @@ _UNITS = {
 #: The library's messages name Python arguments; the command line shows its own flags.
 _SPELLINGS = [
     (re.compile(r"\b(\w+)=(True|'\w+') \((--[\w-]+(?: \w+)?)\)"), r"\3"),
+    (re.compile(r"\btypes=\{[^}]*\} \((--type [^)\s]+)\)"), r"\1"),
     (re.compile(r"\bon_error='skip'"), "--on-error skip"),
     (re.compile(r"\boverwrite=True\b"), "--overwrite"),
     (re.compile(r"\bappend=True\b"), "--append"),

@@ -134,7 +134,13 @@ def test_a_stray_text_cell_is_refused_not_turned_into_a_text_column(
     table.write_text("__key__,score,caption\ns000001,3,a\ns000002,abc,7\ns000003,4.5,c\n")
     err = _error(["attach", str(root), str(table)], capsys)
     assert "column 'score' is numbers in 2 of 3 rows but 'abc' at line 3" in err, err
-    assert "--type score=float64" in err
+    assert "--type score=float64" in err and "types=" not in err
+    with pytest.raises(ConfigError, match=r"types=\{'score': 'string'\} \(--type score"):
+        attach_columns(root, table)  # Python's spelling, then the command line's
+    for typo in (table, tmp_path / "a.jsonl"):  # a misspelt name was ignored, or a null field
+        (tmp_path / "a.jsonl").write_text('{"__key__": "s000001", "score": 1}\n')
+        with pytest.raises(ConfigError, match="declared types name 'socre', which is not a col"):
+            attach_columns(root, typo, types={"socre": "float64"})
     with pytest.raises(ConfigError, match="declared double but line 3 holds 'abc'"):
         attach_columns(root, table, types={"score": "float64"})
     assert main(["attach", str(root), str(table), "--type", "score=string", "-q"]) == 0
