@@ -189,6 +189,18 @@ def test_messages_recommend_only_options_the_command_has(
     assert "on-error" not in out
 
 
+@pytest.mark.parametrize("argv", [["verify", "--decode"], ["inspect", "--classes", "3"]])
+def test_a_truncated_shard_read_by_a_command_without_on_error_is_not_told_to_skip(
+    dataset: pathlib.Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    whole = (dataset / "shard-000001.tar").read_bytes()
+    (dataset / "shard-000001.tar").write_bytes(whole[: len(whole) // 2])
+    assert main([argv[0], str(dataset), *argv[1:], "-q"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "shard-000001.tar" in err, err
+    assert "Re-copy or rebuild it." in err and "on-error" not in err and "on_error" not in err
+
+
 def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -208,6 +220,22 @@ def test_a_build_stopped_by_a_broken_image_finishes_with_on_error_skip(
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_an_append_stopped_by_a_broken_image_finishes_with_on_error_skip(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "out"
+    assert main(["build", str(write_image_folder(tmp_path / "day1")), str(dest), "-q"]) == 0
+    more = write_image_folder(tmp_path / "day2", per_class=2)
+    (more / "class_01" / "cut.jpg").write_bytes(b"\xff\xd8\xff\xe0 cut short")
+    assert main(["build", str(more), str(dest), "--append", "-q"]) == 1
+    assert "or pass --on-error skip" in capsys.readouterr().err
+    assert main(["build", str(more), str(dest), "--append", "--on-error", "skip", "-q"]) == 0
+    assert "version 2: 18 samples" in capsys.readouterr().out  # 12 + 6, the cut one skipped
+    manifest = read_manifest(dest)
+    assert [item.source.endswith("cut.jpg") for item in manifest.skipped] == [True]
+    assert not (dest / "_shardstream_build").exists()
+
+
 def test_small_edges_are_told_plainly(
     dataset: pathlib.Path, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -215,9 +243,19 @@ def test_small_edges_are_told_plainly(
     err = capsys.readouterr().err
     assert "add up to 1" in err and "sum 1.1" in err, err
     assert not (tmp_path / "s").exists()
+    for argv, said in [
+        (["--split", "train=0.5,train=0.5"], "--split names 'train' twice"),
+        (["--fraction", "1.5"], "a view's fraction is more than 0 and at most 1"),
+        (["--fraction", "0"], "a view's fraction is more than 0 and at most 1"),
+    ]:  # a name given twice was merged (one view of half); 0 wrote a view of no samples
+        assert main(["view", str(dataset), str(tmp_path / "s"), *argv, "-q"]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err, err
+        assert not (tmp_path / "s").exists()
     nowhere = tmp_path / "nowhere"
     for argv in (["inspect", str(nowhere)], ["index", str(nowhere)], ["verify", str(nowhere)],
-                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"]):  # fmt: skip
+                 ["view", str(nowhere), str(tmp_path / "v"), "--fraction", "0.5"],
+                 ["prune", str(nowhere), "--dry-run"]):  # fmt: skip
         assert main([*argv, "-q"]) == 1
         err = capsys.readouterr().err
         assert f"{nowhere}: does not exist; check the path" in err, err
@@ -226,6 +264,15 @@ def test_small_edges_are_told_plainly(
     assert result.returncode == 2 and "did you mean --workers?" in result.stderr, result.stderr
     result = _cli("build", str(dataset), str(tmp_path / "x"), "--on-eror", "skip")
     assert "did you mean --on-error?" in result.stderr, result.stderr
+    # A command that stops first at its own missing argument still names the flag meant.
+    for argv, meant in (
+        [["view", str(dataset), str(tmp_path / "v"), "--fration", "0.5"], "--fraction"],
+        [["exclude", str(dataset), "--kyes", "k.txt"], "--keys"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and f"is required (did you mean {meant}?)" in err, err
 
 
 def test_inspect_lists_the_attached_fields_and_their_table(

@@ -68,8 +68,10 @@ SETUP = [
      "mkdir -p val/class_01 && cp \"$(ls data/train/class_01/*.* | head -1)\" val/class_01/ "
      "&& shardstream build val shards/val -q"),
     ("attach shards/train scores.parquet",
-     "python -c \"import pandas as pd; pd.DataFrame({'__key__': ['class_00/img_00000'], "
-     "'aesthetic': [6.0], 'nsfw': [False]}).to_parquet('scores.parquet')\""),
+     "python -c \"import pandas as pd; from shardstream import RandomAccessDataset; "
+     "key = RandomAccessDataset('shards/train', decode='raw').raw(0)['__key__']; "
+     "pd.DataFrame({'__key__': [key], "
+     "'aesthetic': [6.0], 'nsfw': [False]}).to_parquet('scores.parquet')\""),  # a key it holds
     ("--keys takedown.txt", "printf 'class_00/img_00000\\n' > takedown.txt; echo 3 > bad.txt"),
     ('transform=train_transform, decode="cuda")',  # on a machine without CUDA: the CPU path
      "MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)\n"

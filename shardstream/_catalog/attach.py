@@ -54,6 +54,7 @@ __all__ = [
     "from_pandas",
     "read_table",
     "read_table_file",
+    "refuse_repeated_columns",
 ]
 
 
@@ -74,17 +75,19 @@ def declared_types(types: Mapping[str, str]) -> dict[str, Any]:
     return declared
 
 
-def read_table_file(path: str, declared: Mapping[str, Any]) -> Any:
-    """A ``.parquet``, ``.csv`` or ``.jsonl`` file as an Arrow table of the declared types."""
+def read_table_file(path: str, declared: Mapping[str, Any], key: str | None = None) -> Any:
+    """A ``.parquet``, ``.csv`` or ``.jsonl`` file as an Arrow table of the declared types (a
+    CSV's ``key`` column read as text: keys such as ``000123`` are not numbers)."""
     arrow = import_arrow()
     errors = (arrow.ArrowInvalid, arrow.ArrowTypeError, arrow.ArrowNotImplementedError, OSError)
     try:
         if path.endswith(".parquet"):
             return cast_declared(arrow.parquet.read_table(path), declared, path)
         if path.endswith(".csv"):
-            return _read_csv(path, declared)
+            as_text = {} if key is None or key in declared else {key: arrow.string()}
+            return _read_csv(path, declared, {**declared, **as_text})
         if path.endswith((".jsonl", ".json")):
-            return _read_jsonl(path, declared)
+            return _check_declared(_read_jsonl(path, declared), declared, path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such table file") from None
     except errors as error:
@@ -96,9 +99,8 @@ def cast_declared(table: Any, declared: Mapping[str, Any], where: str) -> Any:
     """``table`` with the declared columns cast to their types (a value that does not fit is
     refused, naming the field)."""
     arrow = import_arrow()
+    _check_declared(table, declared, where)
     for field, kind in declared.items():
-        if field not in table.column_names:
-            raise ConfigError(f"{where}: --type names {field!r}, which is not a column")
         position = table.column_names.index(field)
         try:
             column = table.column(field).cast(kind)
@@ -132,15 +134,38 @@ def from_pandas(frame: Any) -> Any:
         ) from None
 
 
-def _read_csv(path: str, declared: Mapping[str, Any]) -> Any:
+def _check_declared(table: Any, declared: Mapping[str, Any], where: str) -> Any:
+    """``table``, refused when a declared type names a field that no row holds (a misspelt
+    name would otherwise be ignored, or attached as a field of nulls)."""
+    for field in declared:
+        if field not in table.column_names or table.column(field).null_count == len(table):
+            raise ConfigError(
+                f"{where}: the declared types name {field!r}, which is not a column (columns: "
+                f"{', '.join(name for name in table.column_names if name != field)})"
+            )
+    return table
+
+
+def _read_csv(path: str, declared: Mapping[str, Any], column_types: Mapping[str, Any]) -> Any:
     import pyarrow.csv
 
     table = pyarrow.csv.read_csv(
-        path, convert_options=pyarrow.csv.ConvertOptions(column_types=dict(declared))
+        path, convert_options=pyarrow.csv.ConvertOptions(column_types=dict(column_types))
     )
+    refuse_repeated_columns(table, path)
+    _check_declared(table, declared, path)
     for field in table.column_names:
-        if field not in declared:
+        if field not in column_types:
             _refuse_mixed(path, table, field)
+    return table
+
+
+def refuse_repeated_columns(table: Any, where: str) -> Any:
+    """``table``, refused when two of its columns have one name (neither could be chosen)."""
+    names = table.column_names
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{where}: has two columns named {twice[0]!r}; rename one")
     return table
 
 
@@ -161,8 +186,9 @@ def _refuse_mixed(path: str, table: Any, field: str) -> None:
     raise ConfigError(
         f"{path}: column {field!r} is numbers in {num_numeric} of {num_given} rows but "
         f"{column[row].as_py()!r} at line {row + 2} (row {row + 1} after the header), so its "
-        f"type is unclear; fix that row, or declare the column's type (--type {field}=float64, "
-        f"or --type {field}=string to keep it as text)"
+        f"type is unclear; fix that row, or declare the column's type: "
+        f"types={{{field!r}: 'float64'}} (--type {field}=float64), or "
+        f"types={{{field!r}: 'string'}} (--type {field}=string) to keep it as text"
     )
 
 
@@ -202,12 +228,20 @@ def _reason(path: str, text: str, declared: Mapping[str, Any]) -> str:
                 "value of another kind; fix that row, or declare another type"
             )
         line = _json_line_of(path, field)
-        return (f"field {field!r} is a {changed.group(2)} in one row and a {changed.group(3)} "
-                f"at {_at(line)}; give the field one type in every row (or declare its type: "
-                f"--type {field}=string)")  # fmt: skip
+        first, then = (_with_article(kind) for kind in changed.group(2, 3))
+        # Not "declare its type": a JSON reader takes a declared type only where every row's
+        # value is of one kind (a number may be declared float64, "1" and 1 cannot be one).
+        return (f"field {field!r} is {first} in one row and {then} at {_at(line)}; give the "
+                f"field values of one kind in every row (a string in each, \"1\" rather than "
+                f"1, to keep it as text)")  # fmt: skip
     if path.endswith(".parquet"):
         return f"not a readable Parquet file ({text}); write it again"
     return f"cannot be read ({text}); fix the file"
+
+
+def _with_article(kind: str) -> str:
+    """``an object``, ``a number``: pyarrow's name of a JSON kind, as a phrase."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
 def _at(line: int | None) -> str:
@@ -294,7 +328,7 @@ def attach_columns(
         >>> attach_columns("shards/train", "scores.parquet", key="__key__")  # doctest: +SKIP
     """
     arrow = import_arrow()
-    rows = read_table(table, types)
+    rows = read_table(table, types, key)
     request = hashlib.sha256(_ipc_bytes(arrow, rows) + key.encode()).hexdigest()
     store = Store(os.fspath(dataset), storage_options)
     with destination_lock(store, "attach"):
@@ -306,6 +340,9 @@ def attach_columns(
         version = base.version + 1
         folder = columns_folder(version)
         matched = _write_files(store, base, rows, key, fields, folder, progress)
+        if matched == 0:
+            store.remove_folder(folder)
+            raise ConfigError(_no_match(store, base, rows, key))
         types = {name: str(rows.schema.field(name).type) for name in fields}
         if base.columns is not None:  # fields attached before stay, after the new ones
             types = {**types, **{k: v for k, v in base.columns.fields.items() if k not in types}}
@@ -324,7 +361,7 @@ def attach_columns(
     return manifest
 
 
-def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
+def read_table(table: Any, types: Mapping[str, str] | None = None, key: str | None = None) -> Any:
     """``table`` as a pyarrow Table (a path: Parquet, CSV or JSONL by its suffix).
 
     Column types are decided explicitly: ``types`` (field -> Arrow type name such as
@@ -340,11 +377,13 @@ def read_table(table: Any, types: Mapping[str, str] | None = None) -> Any:
     arrow = import_arrow()
     declared = declared_types(types or {})
     if isinstance(table, (str, os.PathLike)):
-        return read_table_file(os.fspath(table), declared)
+        path = os.fspath(table)
+        return refuse_repeated_columns(read_table_file(path, declared, key), path)
     if isinstance(table, arrow.Table):
-        return cast_declared(table, declared, "the table")
+        return cast_declared(refuse_repeated_columns(table, "the table"), declared, "the table")
     if hasattr(table, "to_dict") and hasattr(table, "columns"):  # a pandas DataFrame
-        return cast_declared(from_pandas(table), declared, "the DataFrame")
+        rows = refuse_repeated_columns(from_pandas(table), "the DataFrame")
+        return cast_declared(rows, declared, "the DataFrame")
     raise ConfigError(f"a table is a file, a pandas DataFrame or a pyarrow Table, not {table!r}")
 
 
@@ -382,15 +421,22 @@ def _check_fields(store: Store, base: Manifest, rows: Any, key: str) -> list[str
             )
     if not fields:
         raise ConfigError(f"the table has no column besides its key column {key!r}")
+    if rows.num_rows == 0:
+        raise ConfigError("the table has no rows (a header only?); nothing to attach")
     return fields
 
 
 def _members(store: Store, base: Manifest) -> set[str]:
+    return {extension for extension in _first_sample(store, base) if not extension.startswith("__")}
+
+
+def _first_sample(store: Store, base: Manifest) -> dict[str, Any]:
+    """The first shard's first sample, its members without their bytes."""
     shards = root_store(store, base.shard_root)
     name = base.shards[0].name
     with shards.open_read(name) as stream:
         sample, _ = next(iter_samples(open_tar(stream, shards.shown(name)), want_data=False))
-    return {extension for extension in sample if not extension.startswith("__")}
+    return dict(sample)
 
 
 def _write_files(
@@ -429,12 +475,23 @@ def _write_files(
             write_columns(store, column_file(folder, info.name), table)
         if progress is not None:
             progress(numbers.stop, total)
-    if not used.all():
+    if used.any() and not used.all():  # none used: attach_columns refuses the table
         logger.warning(
             "%s: %d of the table's %d keys are in no shard; their rows are not attached",
             store.shown(), int((~used).sum()), len(keys),
         )  # fmt: skip
     return matched
+
+
+def _no_match(store: Store, base: Manifest, rows: Any, key: str) -> str:
+    """Why nothing was attached: none of the table's keys is a sample's (shown side by side)."""
+    return (
+        f"{store.shown()}: none of the table's {rows.num_rows} keys is a sample's key (its "
+        f"column {key!r} holds keys such as {str(rows.column(key)[0].as_py())!r}, the shards "
+        f"keys such as {_first_sample(store, base)['__key__']!r}); nothing was attached. Give "
+        "the table the samples' keys, or name the column that holds them with "
+        "key='COLUMN' (--key COLUMN)"
+    )
 
 
 def _merged(store: Store, base: Manifest, number: int, new: Any) -> Any:

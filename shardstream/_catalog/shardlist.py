@@ -228,22 +228,26 @@ def refuse_other_shards(dataset: Store, shards: Store, manifest: Manifest) -> No
     if not shards.is_local or len(table) < 2:
         return
     numbers = sorted({0, len(table) // 2, len(table) - 1})
-    found = []
+    found, missing = [], 0
     for number in numbers:
         info = table[number]
         try:
             size = shards.size(info.name)
         except OSError:
-            return  # a missing shard: the reader names it (or skips it)
+            missing += 1  # alone, the reader names it (or skips it); with others, a sign
+            continue
         if size == info.num_bytes:
             return
         found.append((info.name, info.num_bytes, size))
+    if not found:
+        return
     name, expected, size = found[0]
+    gone = f" and {missing} missing" if missing else ""
     raise ManifestError(
         f"{dataset.shown(MANIFEST_NAME)}: describes other shards than these: {len(found)} of "
-        f"{len(found)} checked differ in size, such as {shards.shown(name)} ({size} bytes, the "
-        f"manifest says {expected}); was it copied from another dataset? Restore its own "
-        "manifest, or index the shards again (`shardstream index DEST --overwrite`)"
+        f"{len(numbers)} checked differ in size{gone}, such as {shards.shown(name)} ({size} "
+        f"bytes, the manifest says {expected}); was it copied from another dataset? Restore its "
+        "own manifest, or index the shards again (`shardstream index DEST --overwrite`)"
     )
 
 

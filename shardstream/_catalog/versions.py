@@ -246,6 +246,8 @@ def prune_plan(store: Store, keep: int = DEFAULT_KEEP) -> dict[int, dict[str, in
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1 (the published version), got {keep}")
+    if not store.exists(MANIFEST_NAME):  # raises what read_manifest says: no folder, no manifest
+        read_manifest_file(store, MANIFEST_NAME)
     versions = list_versions(store)
     newest = published_version(store)
     published = _sidecars_of(store, MANIFEST_NAME)

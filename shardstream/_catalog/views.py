@@ -22,8 +22,10 @@ read of every shard's index (the key hashes), not of the shards."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import keyword
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -31,15 +33,28 @@ import numpy as np
 
 from shardstream._catalog.shardlist import Source, read_dataset
 from shardstream._catalog.versions import record_view
-from shardstream._format.columns import ColumnSet, Predicate, column_file, read_column_table
+from shardstream._format.columns import (
+    ColumnSet,
+    Predicate,
+    column_file,
+    import_arrow,
+    read_column_table,
+)
 from shardstream._format.exclusions import Exclusions, Selection
 from shardstream._format.keys import key_hash
-from shardstream._format.manifest import Manifest, absolute_root, root_store, write_manifest
+from shardstream._format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    absolute_root,
+    read_manifest_file,
+    root_store,
+    write_manifest,
+)
 from shardstream._format.shardindex import decode_index
 from shardstream._format.shardtable import ShardTable
 from shardstream._storage import StorageOptions, Store
 from shardstream._version import __version__
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, DatasetExistsError, ShardstreamError
 
 __all__ = [
     "FILTERED_VERSION",
@@ -94,30 +109,37 @@ def where_view(
     Examples:
         >>> where_view("shards/train", "shards/pretty", "aesthetic >= 5")  # doctest: +SKIP
     """
-    predicate = Predicate(where)
     origin, manifest = read_dataset(source, storage_options)
+    target = view_destination(dest, storage_options)
     if manifest.view is not None or manifest.columns is None:
+        Predicate(where)  # a predicate that does not parse is told first
         raise ConfigError(
             f"{origin.shown()}: {'is a view' if manifest.view else 'has no attached fields'}; a "
             "view by fields is made of a dataset with fields (`shardstream attach`)"
         )
+    try:
+        predicate = Predicate(where)
+    except ConfigError as error:
+        raise ConfigError(f"{error}{_unnamable(where, manifest.columns.fields)}") from None
     columns, fields = manifest.columns, root_store(origin, manifest.columns.root)
     counts = np.zeros(len(manifest.shards), np.int64)
-    left_out = []
+    left_out, schema = [], None
     for number, info in enumerate(manifest.shards):
         excluded = np.empty(0, np.int64)
         if manifest.exclusions is not None:
             excluded = manifest.exclusions.positions(number)
         keep = np.zeros(info.num_samples + len(excluded), dtype=bool)
         if number < columns.num_shards:
-            keep = predicate.mask(read_column_table(fields, column_file(columns.folder, info.name)))
+            table = read_column_table(fields, column_file(columns.folder, info.name))
+            keep, schema = predicate.mask(table), table.schema
+        elif schema is not None:  # appended after the attach: its samples' fields are null
+            keep = predicate.mask(_nulls(schema, len(keep)))
         keep[excluded] = False
         counts[number] = int(keep.sum())
         left_out.append((np.int64(number) << np.int64(32)) | np.flatnonzero(~keep))
         if progress is not None:
             progress(number + 1, len(manifest.shards))
     view = _view_manifest(origin, manifest, counts, left_out, where, fields)
-    target = Store(os.fspath(dest), storage_options)
     target.makedirs()
     write_manifest(target, view)
     record_view(origin, target, manifest.version)
@@ -145,6 +167,50 @@ logger = logging.getLogger(__name__)
 
 KEYS_NAME = "view.keys"
 _READERS = 16  # index reads in flight (they wait on storage, not on the CPU)
+
+
+def view_destination(dest: str | os.PathLike[str], storage_options: StorageOptions) -> Store:
+    """Where a view goes: a new or empty folder, or one holding a view (made again).
+
+    Raises:
+        DatasetExistsError: ``dest`` holds a dataset's manifest (the view would replace it).
+    """
+    target = Store(os.fspath(dest), storage_options)
+    if not target.exists(MANIFEST_NAME):
+        return target
+    try:
+        found = read_manifest_file(target, MANIFEST_NAME)
+    except ShardstreamError:
+        found = None
+    if found is None or found.view is None:
+        held = "" if found is None else f" ({found.num_samples} samples, version {found.version})"
+        raise DatasetExistsError(
+            f"{target.shown()}: holds a dataset{held}, not a view; its manifest would be "
+            "replaced. Write the view to a new folder (a view replaces only a view)"
+        )
+    return target
+
+
+def _nulls(schema: Any, num_rows: int) -> Any:
+    """A table of ``schema``'s fields, ``num_rows`` rows of nulls (``score is None`` keeps them)."""
+    arrow = import_arrow()
+    return arrow.table([arrow.nulls(num_rows, field.type) for field in schema], schema=schema)
+
+
+def _unnamable(where: str, fields: Iterable[str]) -> str:
+    """Why a predicate cannot name a field it mentions (``my-score``, ``class``), if it is so."""
+    for field in fields:
+        if field in where and (not field.isidentifier() or keyword.iskeyword(field)):
+            name = re.sub(r"\W+", "_", field).strip("_") or "field"
+            if keyword.iskeyword(name):
+                name = f"{name}_"
+            elif not name.isidentifier():
+                name = f"f_{name}"
+            return (
+                f"; field {field!r} is not a Python name, so a predicate cannot name it: attach "
+                f"it again under a name such as {name!r}"
+            )
+    return ""
 
 
 def make_view(
@@ -187,6 +253,11 @@ def make_view(
     if where is not None:
         return where_view(source, dest, where, storage_options=storage_options, progress=progress)
     if fraction is not None:
+        if not 0 < fraction <= 1:  # 0 would write a view of no samples
+            raise ConfigError(
+                f"a view's fraction is more than 0 and at most 1 (fraction=0.1 keeps about a "
+                f"tenth of the samples), got {fraction}"
+            )
         selection = Selection.fraction(fraction, seed)
     elif bounds is not None:
         selection = Selection("range", seed, *bounds)
@@ -196,10 +267,10 @@ def make_view(
     origin, manifest = read_dataset(source, storage_options)
     if manifest.view is not None:
         raise ConfigError(f"{origin.shown()}: is a view; make views of the source dataset")
+    target = view_destination(dest, storage_options)
     counts, found = _kept_counts(origin, manifest, selection, progress)
     if keys is not None:
         _log_unknown_keys(list(keys), found, origin)
-    target = Store(dest, storage_options)
     target.makedirs()
     keys_file = None
     if selection.kind == "keys" and selection.keys is not None:
@@ -237,6 +308,8 @@ def split_dataset(
             f"split shares must be non-negative and add up to 1, got {dict(splits)} (sum "
             f"{total:g}); e.g. train=0.9,val=0.1"
         )
+    for name in splits:  # all refused before any is written
+        view_destination(Store(dest, storage_options).url(name), storage_options)
     low, views = 0.0, {}
     for number, (name, share) in enumerate(splits.items()):
         high = 1.0 if number == len(splits) - 1 else low + share / total

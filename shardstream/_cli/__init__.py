@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shardstream._cli.build import add_abandon, add_build, add_index, add_verify
@@ -58,10 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["inspect", "shards/train"])  # doctest: +SKIP
         0
     """
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    flags = set(parser.commands[args.command]._option_string_actions)
     secrets = _secrets(args)
     remember_secrets(secrets)
-    _configure_logging(args.verbose, secrets)
+    _configure_logging(args.verbose, secrets, flags)
     try:
         status = int(args.handler(args))
         sys.stdout.flush()  # a closed pipe (`| head`) fails here, not at interpreter exit
@@ -70,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _reader_went_away()
     except BaseException as error:
         redact_error(error, secrets)  # also what a traceback of a bug would show
-        failed = _failed(error, secrets)
+        failed = _failed(error, secrets, flags)
         if failed is None:
             raise  # not a storage failure: a bug, shown with its traceback
         return failed
@@ -86,8 +88,9 @@ def _secrets(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
-    """Exit status 1 after one line on stderr for a failure a user can fix; None for a bug."""
+def _failed(error: BaseException, secrets: Sequence[str], flags: set[str]) -> int | None:
+    """Exit status 1 after one line on stderr for a failure a user can fix; None for a bug.
+    The line names the command's ``flags`` for the library's arguments, and no others."""
     if isinstance(error, ShardstreamError):
         # A missing shard's message says what to do; other storage failures get the fix that
         # fits their cause (credentials, endpoint, permissions...).
@@ -95,7 +98,7 @@ def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
         cause = error.__cause__ if isinstance(error, StorageError) and not told else None
         fix = explain(cause, detail=False) if cause is not None else None
         shown = str(error) if fix is None else f"{error} -- {fix}"
-        print(f"error: {redact_text(cli_spelling(shown), secrets)}", file=sys.stderr)
+        print(f"error: {redact_text(cli_spelling(shown, flags), secrets)}", file=sys.stderr)
         return 1
     # Storage refused or failed: one line with the fitting fix.
     line = explain(error) if isinstance(error, Exception) else None
@@ -105,14 +108,12 @@ def _failed(error: BaseException, secrets: Sequence[str]) -> int | None:
     return 1
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser() -> _Parser:
     """The parser of every subcommand; ``-v`` and ``-q`` work before or after its name."""
     parser = _Parser(prog="shardstream", description=plain_help(__doc__))
     parser.add_argument("--version", action="version", version=f"shardstream {__version__}")
     _add_output_flags(parser, False)
-    subparsers = parser.add_subparsers(
-        dest="command", required=True, parser_class=argparse.ArgumentParser
-    )
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     for add in SUBCOMMANDS:
         add(subparsers)
     parser.commands = subparsers.choices
@@ -127,7 +128,7 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.commands: dict[str, argparse.ArgumentParser] = {}
+        self.commands: Mapping[str, argparse.ArgumentParser] = {}
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         parsed, extras = self.parse_known_args(args, namespace)
@@ -139,12 +140,37 @@ class _Parser(argparse.ArgumentParser):
     def _suggestion(self, parsed: argparse.Namespace, extras: Sequence[str]) -> str:
         command = self.commands.get(getattr(parsed, "command", None) or "")
         known = [*self._option_string_actions, *(command._option_string_actions if command else ())]
-        for extra in extras:
-            if extra.startswith("--"):
-                close = difflib.get_close_matches(extra.partition("=")[0], known, n=1, cutoff=0.6)
-                if close:
-                    return f" (did you mean {close[0]}?)"
-        return ""
+        return _closest_flag(extras, known)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: when it stops at a missing argument before the top level sees
+    the unknown ones (``view A B --fration 0.5``), it suggests the flag meant as well."""
+
+    _given: Sequence[str] = ()
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._given = [str(arg) for arg in args] if args is not None else sys.argv[1:]
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> Any:
+        known = list(self._option_string_actions)
+        unknown = [
+            given for given in self._given
+            if not any(flag.startswith(given.partition("=")[0]) for flag in known)
+        ]  # fmt: skip
+        super().error(message + _closest_flag(unknown, known))
+
+
+def _closest_flag(given: Sequence[str], known: Sequence[str]) -> str:
+    """`` (did you mean --workers?)`` for the first ``--flag`` in ``given`` close to a known
+    one, else ``""``."""
+    for extra in given:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.partition("=")[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def _add_output_flags(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -169,16 +195,19 @@ class _RedactingFormatter(logging.Formatter):
     """Formats log records with the command line's spellings, then masks URL secrets and the
     given literal secrets."""
 
-    def __init__(self, fmt: str, secrets: Sequence[str]) -> None:
+    def __init__(self, fmt: str, secrets: Sequence[str], flags: set[str] | None = None) -> None:
         super().__init__(fmt)
         self._secrets = tuple(secrets)
+        self._flags = flags
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact_text(cli_spelling(super().format(record)), self._secrets)
+        return redact_text(cli_spelling(super().format(record), self._flags), self._secrets)
 
 
-def _configure_logging(verbose: bool, secrets: Sequence[str]) -> None:
-    """Log to stderr through a redacting formatter (library messages may quote URLs)."""
+def _configure_logging(verbose: bool, secrets: Sequence[str], flags: set[str]) -> None:
+    """Log to stderr through a redacting formatter (library messages may quote URLs), with the
+    command's ``flags`` for the library's argument names."""
     handler = logging.StreamHandler()
-    handler.setFormatter(_RedactingFormatter("%(levelname)s %(name)s: %(message)s", secrets))
+    formatter = _RedactingFormatter("%(levelname)s %(name)s: %(message)s", secrets, flags)
+    handler.setFormatter(formatter)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])

@@ -7,7 +7,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from shardstream._storage import redact_text, redact_url, secret_values
@@ -47,6 +47,7 @@ _UNITS = {
 #: The library's messages name Python arguments; the command line shows its own flags.
 _SPELLINGS = [
     (re.compile(r"\b(\w+)=(True|'\w+') \((--[\w-]+(?: \w+)?)\)"), r"\3"),
+    (re.compile(r"\btypes=\{[^}]*\} \((--type [^)\s]+)\)"), r"\1"),
     (re.compile(r"\bon_error='skip'"), "--on-error skip"),
     (re.compile(r"\boverwrite=True\b"), "--overwrite"),
     (re.compile(r"\bappend=True\b"), "--append"),
@@ -67,17 +68,29 @@ def plain_help(docstring: str | None) -> str:
     return re.sub(r":\w+:`~?([^`]+)`", r"\1", line).replace("``", "")
 
 
-def cli_spelling(text: str) -> str:
+#: Advice to pass a flag, up to the end of its sentence: cut where the command has no such flag.
+_PASS_FLAG = re.compile(r",? or pass (--[\w-]+)[^.;]*")
+
+
+def cli_spelling(text: str, flags: Collection[str] | None = None) -> str:
     """A library message with the command line's flags for the Python arguments it names.
+
+    With ``flags`` (the running command's), advice to pass a flag it does not take is cut: the
+    same library error reaches ``bench``, which takes ``--on-error``, and ``verify``, which
+    does not.
 
     Examples:
         >>> cli_spelling("pass overwrite=True (--overwrite) to start over")
         'pass --overwrite to start over'
         >>> cli_spelling("fix the file, or pass on_error='skip'")
         'fix the file, or pass --on-error skip'
+        >>> cli_spelling("x.tar: truncated. Re-copy it, or pass on_error='skip'.", {"--decode"})
+        'x.tar: truncated. Re-copy it.'
     """
     for pattern, replacement in _SPELLINGS:
         text = pattern.sub(replacement, text)
+    if flags is not None:
+        text = _PASS_FLAG.sub(lambda found: found[0] if found[1] in flags else "", text)
     return text
 
 

@@ -294,7 +294,11 @@ def _run_view(args: argparse.Namespace) -> int:
 
     options = storage_options(args)
     if args.split:
-        shares = dict(_share(part) for part in args.split.split(","))
+        pairs = [_share(part) for part in args.split.split(",")]
+        shares = dict(pairs)
+        if len(shares) < len(pairs):
+            twice = next(name for name, _ in pairs if [n for n, _ in pairs].count(name) > 1)
+            raise ConfigError(f"--split names {twice!r} twice; give each split one share")
         with counting(args.quiet, "shards", "reading indexes") as progress:
             views = split_dataset(args.source, args.dest, shares, seed=args.seed,
                                   storage_options=options, progress=progress)  # fmt: skip

@@ -14,7 +14,8 @@ A predicate is a Python expression of field names, constants, comparisons (``<``
 ``>``, ``>=``, ``==``, ``!=``, ``in``, ``not in`` a list), ``and``, ``or``, ``not`` and
 parentheses; nothing else parses (no calls, no attributes), so a predicate from a command line
 runs no code. It is evaluated over a shard's Arrow table of fields with ``pyarrow.compute``; a
-null value never satisfies a comparison."""
+null value never satisfies a comparison (``score is None`` selects them; ``== None`` is
+refused, as it would select nothing)."""
 
 from __future__ import annotations
 
@@ -141,6 +142,20 @@ _COMPARE = {
     ast.Eq: "equal", ast.NotEq: "not_equal",
 }  # fmt: skip
 _KINDS = {str: "string", int: "number", float: "number", bool: "boolean"}
+_NOT_CONSTANT = object()
+
+
+def _constant(node: ast.AST) -> Any:
+    """A predicate's constant (a number, possibly signed, text, True/False, None), else
+    ``_NOT_CONSTANT`` (bytes and other literals are not constants here)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _constant(node.operand)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+        return _NOT_CONSTANT
+    if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in _KINDS):
+        return node.value
+    return _NOT_CONSTANT
 
 
 class Predicate:
@@ -171,12 +186,42 @@ class Predicate:
         elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             yield from self._names(node.operand)
         elif isinstance(node, ast.Compare) and len(node.ops) == 1:
+            self._check_compare(node)
             yield from self._names(node.left)
-            yield from self._names(node.comparators[0])
-        elif not isinstance(node, (ast.Constant, ast.List, ast.Tuple)):
+            if not isinstance(node.comparators[0], (ast.List, ast.Tuple)):
+                yield from self._names(node.comparators[0])
+        elif _constant(node) is _NOT_CONSTANT:
             raise ConfigError(
                 f"where {self.text!r}: {ast.unparse(node)!r} is not allowed; use field names, "
-                "constants, comparisons (one operator each), in [...], and, or, not"
+                "constants (numbers, 'text', True, False), comparisons (one operator each), "
+                "in [...], is None, and, or, not"
+            )
+
+    def _check_compare(self, node: ast.Compare) -> None:
+        """Refuse comparisons that would fail inside pyarrow or never be true: ``in`` a
+        non-list, ``is`` anything but None, ``== None``."""
+        operator, right = node.ops[0], node.comparators[0]
+        if isinstance(operator, (ast.In, ast.NotIn)):
+            elements = right.elts if isinstance(right, (ast.List, ast.Tuple)) else None
+            if elements is None or any(_constant(e) is _NOT_CONSTANT for e in elements):
+                raise ConfigError(
+                    f"where {self.text!r}: 'in' takes a list of constants, e.g. "
+                    f"'{ast.unparse(node.left)} in [1, 2]' or \"caption in ['a', 'b']\", not "
+                    f"{ast.unparse(right)}"
+                )
+        elif isinstance(operator, (ast.Is, ast.IsNot)):
+            if not (isinstance(right, ast.Constant) and right.value is None):
+                raise ConfigError(
+                    f"where {self.text!r}: 'is' and 'is not' take None only (e.g. 'score is "
+                    f"None'); compare values with ==, e.g. '{ast.unparse(node.left)} == "
+                    f"{ast.unparse(right)}'"
+                )
+        elif None in (_constant(node.left), _constant(right)):
+            name = ast.unparse(node.left if isinstance(right, ast.Constant) else right)
+            negated = "not " if isinstance(operator, ast.NotEq) else ""
+            raise ConfigError(
+                f"where {self.text!r}: a comparison with None is never true (a missing value "
+                f"equals nothing); write '{name} is {negated}None'"
             )
 
     def mask(self, table: Any) -> np.ndarray:
@@ -194,17 +239,26 @@ class Predicate:
         arrow = import_arrow()
         value = self._truth(self._tree, table, arrow)
         if isinstance(value, arrow.Scalar) or not hasattr(value, "type"):
-            value = arrow.array([value.as_py() if hasattr(value, "as_py") else value] * len(table))
+            value = arrow.array(
+                [value.as_py() if hasattr(value, "as_py") else value] * len(table), arrow.bool_()
+            )
+        elif arrow.types.is_null(value.type):  # a field attached with no value in any row
+            value = value.cast(arrow.bool_())
         return np.asarray(arrow.compute.fill_null(value, False).to_numpy(zero_copy_only=False))
 
     def _truth(self, node: ast.AST, table: Any, arrow: Any) -> Any:
         """``node``'s value, refused unless it is true/false (a bare number field is not)."""
         value = self._evaluate(node, table, arrow)
         kind = getattr(value, "type", None)
-        if kind is not None and not arrow.types.is_boolean(kind) and not arrow.types.is_null(kind):
+        example = node.id if isinstance(node, ast.Name) else "score"
+        if (
+            kind is not None
+            and not arrow.types.is_boolean(kind)
+            and (isinstance(node, ast.Constant) or not arrow.types.is_null(kind))
+        ):
             raise ConfigError(
                 f"where {self.text!r}: {self._describe(node, value)} is not true/false; compare "
-                f"it with a value, e.g. '{ast.unparse(node)} > 0' (or name a boolean field)"
+                f"a field with a value, e.g. '{example} > 0' (or name a boolean field)"
             )
         return value
 
@@ -212,18 +266,19 @@ class Predicate:
         """``field 'aesthetic' (int64)`` or ``the constant '5' (a string)``."""
         if isinstance(node, ast.Name):
             return f"field {node.id!r} ({value.type})"
-        if isinstance(node, ast.Constant):
-            return f"the constant {node.value!r} (a {_KINDS.get(type(node.value), 'value')})"
+        if _constant(node) is not _NOT_CONSTANT:
+            value = _constant(node)
+            return f"the constant {value!r} (a {_KINDS.get(type(value), 'value')})"
         return repr(ast.unparse(node))
 
     def _evaluate(self, node: ast.AST, table: Any, arrow: Any) -> Any:
         compute = arrow.compute
         if isinstance(node, ast.Name):
             return table.column(node.id)
-        if isinstance(node, ast.Constant):
-            return arrow.scalar(node.value)
+        if _constant(node) is not _NOT_CONSTANT:
+            return arrow.scalar(_constant(node))
         if isinstance(node, (ast.List, ast.Tuple)):
-            return [element.value for element in node.elts if isinstance(element, ast.Constant)]
+            return [_constant(element) for element in node.elts]
         if isinstance(node, ast.BoolOp):
             combine = compute.and_kleene if isinstance(node.op, ast.And) else compute.or_kleene
             result = self._truth(node.values[0], table, arrow)
@@ -237,6 +292,8 @@ class Predicate:
         left = self._evaluate(node.left, table, arrow)
         right = self._evaluate(node.comparators[0], table, arrow)
         operator = type(node.ops[0])
+        if operator in (ast.Is, ast.IsNot):  # `is None`, `is not None` (_check_compare)
+            return compute.is_null(left) if operator is ast.Is else compute.is_valid(left)
         try:
             if operator in (ast.In, ast.NotIn):
                 found = compute.is_in(left, value_set=arrow.array(right))

@@ -164,6 +164,11 @@ class TarReader:
         self._stream = stream
 
     @property
+    def _after_key(self) -> str:
+        """`` (after key 'k')`` for messages; nothing before the first key read."""
+        return f" (after key {self.last_key!r})" if self.last_key else ""
+
+    @property
     def _limit(self) -> int | None:
         """Where the readable bytes end: the wanted range's end, else the shard's size."""
         return self.end if self.end is not None else self._size
@@ -190,8 +195,8 @@ class TarReader:
             data: bytes = self._stream.read(size)
         except (EOFError, zlib.error, gzip.BadGzipFile) as error:
             raise ShardFormatError(
-                f"{self.url}: broken gzip stream near uncompressed byte offset {self.offset} "
-                f"(after key {self.last_key!r}): {error}. Re-copy or rebuild the shard, or pass "
+                f"{self.url}: broken gzip stream near uncompressed byte offset {self.offset}"
+                f"{self._after_key}: {error}. Re-copy or rebuild the shard, or pass "
                 "on_error='skip'."
             ) from error
         return data
@@ -201,7 +206,7 @@ class TarReader:
         if len(data) != size:
             raise ShardFormatError(
                 f"{self.url}: truncated at byte offset {self.offset + len(data)} while reading "
-                f"{what} (after key {self.last_key!r}); expected {size} bytes, found "
+                f"{what}{self._after_key}; expected {size} bytes, found "
                 f"{len(data)}. Re-copy or rebuild the shard, or pass on_error='skip'."
             )
         self.offset += size
@@ -262,7 +267,7 @@ class TarReader:
         if len(header) < BLOCK:
             raise ShardFormatError(
                 f"{self.url}: ends at byte offset {self.offset + len(header)} without the tar "
-                f"end-of-archive blocks (after key {self.last_key!r}); the shard is truncated. "
+                f"end-of-archive blocks{self._after_key}; the shard is truncated. "
                 "Re-copy or rebuild it, or pass on_error='skip'."
             )
         self.offset += BLOCK

@@ -397,6 +397,14 @@ def _claim(dest: Store, state_store: Store, settings: dict[str, Any]) -> bool:
             return False
         plan = state.read_plan(state_store) or {}
     mine = {**_comparable(settings), "append_to": settings["append_to"]}
+    if plan.get("on_error") == "raise" and settings.get("on_error") == "skip":
+        # An append stopped by a broken item goes on skipping such items, as its message says
+        # (as a build does): the shards written so far hold no skipped item either way.
+        plan = {**plan, "on_error": "skip"}
+        if {**_comparable(plan), "append_to": plan.get("append_to")} == mine:
+            logger.info("%s: finishing the append with on_error='skip'", dest.shown())
+            with state_store.open_atomic_write(state.PLAN_NAME) as stream:
+                stream.write(json.dumps(settings, sort_keys=True).encode("utf-8"))
     if {**_comparable(plan), "append_to": plan.get("append_to")} != mine:
         raise DatasetExistsError(
             f"{dest.shown()}: another build or append into this dataset is unfinished or under "

@@ -13,7 +13,8 @@ counts every sample exactly once (:class:`EvaluationPart`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -22,12 +23,12 @@ import torch.utils.data
 from shardstream._catalog.shardlist import ShardList, Source, resolve_source
 from shardstream._format.keys import key_hash
 from shardstream._storage.background import ProcessLocal
-from shardstream.errors import ConfigError
+from shardstream.errors import ConfigError, ShardstreamError
 from shardstream.streaming._control.context import current_context
 from shardstream.streaming._decoding.decode import SampleConverter
 from shardstream.streaming._decoding.gpudecode import GpuDecode
 from shardstream.streaming._options import DecodeMode, StreamOptions, with_storage_options
-from shardstream.streaming._worker.reader import ReadSettings, ShardReader
+from shardstream.streaming._worker.reader import SKIP_ADVICE, ReadSettings, ShardReader
 
 __all__ = ["EvaluationPart", "RandomAccessDataset"]
 
@@ -119,13 +120,16 @@ class RandomAccessDataset(torch.utils.data.Dataset):
     def raw(self, position: int) -> dict[str, Any]:
         """The sample at ``position`` as read: ``__key__``, ``__url__`` and member bytes."""
         shard, ordinal = self.locate(position)
-        sample = next(iter(self.reader().open(shard, ordinal, ordinal + 1)))
+        with _told_without_skipping():
+            sample = next(iter(self.reader().open(shard, ordinal, ordinal + 1)))
         return {
             k: bytes(v) if isinstance(v, (memoryview, bytearray)) else v for k, v in sample.items()
         }
 
     def __getitem__(self, position: int) -> Any:
-        return self.convert(self.raw(position))
+        sample = self.raw(position)
+        with _told_without_skipping():
+            return self.convert(sample)
 
     def index_of(self, key: str) -> int:
         """The position of the sample with ``key``.
@@ -232,7 +236,20 @@ class EvaluationPart(torch.utils.data.Dataset):
         total = len(self.dataset)
         sample = self.dataset.raw(position % total)
         sample["__valid__"] = position < total
-        return self.dataset.convert(sample)
+        with _told_without_skipping():
+            return self.dataset.convert(sample)
+
+
+@contextlib.contextmanager
+def _told_without_skipping() -> Iterator[None]:
+    """Random access reads every sample asked for (it has no ``on_error``): a broken one's
+    error does not advise passing ``on_error='skip'``."""
+    try:
+        yield
+    except ShardstreamError as error:
+        if len(error.args) == 1 and isinstance(error.args[0], str):
+            error.args = (SKIP_ADVICE.sub("", error.args[0]),)
+        raise
 
 
 def _excluded_in(shards: ShardList, reader: ShardReader, key_hash: int) -> int | None:

@@ -196,6 +196,12 @@ def test_a_manifest_copied_from_another_dataset_is_refused_at_open(
                        r"differ in size, such as .*shard-000000\.tar \(\d+ bytes, the manifest "
                        r"says \d+\); was it copied from another dataset"):  # fmt: skip
         StreamingDataset(tmp_path / "b", decode="raw")
+    # One of more shards: the last one checked is missing, the others differ.
+    build_shards(make_samples(60), tmp_path / "c", max_samples_per_shard=12)  # 5 shards
+    (tmp_path / "b" / "manifest.json").write_bytes((tmp_path / "c" / "manifest.json").read_bytes())
+    with pytest.raises(ManifestError, match=r"2 of 3 checked differ in size and 1 missing, such "
+                       r"as .*shard-000000\.tar .*was it copied from another dataset"):  # fmt: skip
+        StreamingDataset(tmp_path / "b", decode="raw")
     one = tmp_path / "a" / "shard-000001.tar"  # one truncated shard is the reader's to report
     one.write_bytes(one.read_bytes()[:5000])
     skipping = StreamingDataset(tmp_path / "a", decode="raw", on_error="skip")

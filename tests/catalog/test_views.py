@@ -105,3 +105,27 @@ def test_views_of_views_and_unknown_rules_are_refused(
         make_view(tmp_path / "half", tmp_path / "quarter", fraction=0.5)
     with pytest.raises(ConfigError, match="exactly one"):
         make_view(source, tmp_path / "x", fraction=0.5, keys=["s000001"])
+
+
+def test_a_view_never_replaces_a_datasets_manifest(
+    source: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    from shardstream import DatasetExistsError
+
+    other = tmp_path / "other"
+    build_shards(make_samples(12), other, max_samples_per_shard=5)
+    before = (other / "manifest.json").read_bytes()
+    said = r"other: holds a dataset \(12 samples, version 1\), not a view; its manifest would be"
+    with pytest.raises(DatasetExistsError, match=said):
+        make_view(source, other, fraction=0.5)
+    with pytest.raises(DatasetExistsError, match=said):
+        make_view(source, other, keys=["s000001"])
+    with pytest.raises(DatasetExistsError, match=said):  # no split written before the refusal
+        split_dataset(source, tmp_path, {"zfirst": 0.5, "other": 0.5})
+    assert not (tmp_path / "zfirst").exists()
+    with pytest.raises(DatasetExistsError, match="holds a dataset"):
+        make_view(source, source, fraction=0.5)  # the source itself
+    assert (other / "manifest.json").read_bytes() == before
+    assert read_manifest(source).view is None
+    make_view(source, tmp_path / "half", fraction=0.5)  # a view is made again in place
+    assert make_view(source, tmp_path / "half", fraction=0.25).num_samples < NUM * 0.4

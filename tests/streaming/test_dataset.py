@@ -163,3 +163,21 @@ def test_indexing_a_stream_points_to_random_access(tmp_path: pathlib.Path) -> No
     with pytest.raises(TypeError, match=r"has no ds\[0\].*RandomAccessDataset\(source\)"):
         StreamingDataset(root)[0]
     assert len(list(StreamingDataLoader(StreamingDataset(root, batch_size=2), num_workers=2))) == 3
+
+
+def test_a_gzipped_label_member_is_the_label_as_webdataset_reads_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    import gzip
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        for i in range(4):
+            for name, data in ((f"k{i}.jpg", tiny_jpeg(i)),
+                               (f"k{i}.cls.gz", gzip.compress(str(i % 3).encode()))):  # fmt: skip
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    pairs = StreamingDataset(str(tmp_path / "a.tar"), shuffle=False, decode="raw")
+    assert [label for _, label in pairs] == [0, 1, 2, 0]  # was -1: "cls.gz" not a label

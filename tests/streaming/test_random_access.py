@@ -68,3 +68,24 @@ def test_shards_without_a_manifest_are_refused_with_the_fix(tmp_path: pathlib.Pa
     pattern = str(tmp_path / "ds" / "shard-{000000..000001}.tar")
     with pytest.raises(ConfigError, match="shardstream index"):
         RandomAccessDataset(pattern)
+
+
+def test_a_broken_sample_is_not_told_to_pass_an_on_error_it_has_not(
+    tmp_path: pathlib.Path,
+) -> None:
+    from shardstream import DecodeError, ShardFormatError
+    from tests.conftest import encode_image
+
+    samples = [{"__key__": f"k{i}", "jpg": encode_image(16, 16, i), "cls": 0} for i in range(8)]
+    samples[2]["jpg"] = b"\xff\xd8\xff\xe0" + b"\0" * 200 + b"\xff\xd9"  # markers, no image
+    build_shards(samples, tmp_path / "ds", max_samples_per_shard=4)
+    ds = RandomAccessDataset(tmp_path / "ds")
+    with pytest.raises(DecodeError, match=r"'k2'.*does not decode") as decoding:
+        ds.by_key("k2")
+    shard = tmp_path / "ds" / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:3000])  # truncated
+    with pytest.raises(ShardFormatError, match=r"shard-000001\.tar") as reading:
+        [ds.raw(position) for position in range(len(ds))]
+    for error in (decoding.value, reading.value):
+        assert str(error).endswith(("Rebuild the shard.", "Re-copy or rebuild it.")), error
+        assert "on_error" not in str(error) and "after key ''" not in str(error), error

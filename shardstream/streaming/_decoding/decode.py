@@ -83,8 +83,8 @@ def _role(extension: str) -> int:
         role = _META
     elif codecs.is_image(extension) or is_pixels(extension):
         role = _IMAGE
-    elif codecs.extension_of(extension) in codecs.LABEL_EXTENSIONS:
-        role = _LABEL
+    elif codecs.extension_of(extension.removesuffix(".gz")) in codecs.LABEL_EXTENSIONS:
+        role = _LABEL  # "cls.gz" too: decoded as "cls", as webdataset does
     else:
         role = _FIELD
     if len(_ROLES) < 4096:
