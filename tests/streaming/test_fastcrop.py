@@ -19,7 +19,12 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from shardstream.streaming._decoding import fastcrop as jpegcrop
-from shardstream.streaming._decoding.fastcrop import crop_decoder_for, decode_image, fuse_tail
+from shardstream.streaming._decoding.fastcrop import (
+    crop_decoder_for,
+    decode_image,
+    draw_crop_box,
+    fuse_tail,
+)
 from tests.conftest import encode_image
 
 
@@ -95,6 +100,41 @@ def test_fallbacks() -> None:
     assert crop_decoder_for(jitter, "pil") is None
     nearest = v2.RandomResizedCrop(32, interpolation=v2.InterpolationMode.NEAREST)
     assert crop_decoder_for(v2.Compose([nearest]), "pil") is None
+
+
+class _Centre(v2.RandomResizedCrop):
+    """A subclass with its own draws: drawn by its make_params."""
+
+    def make_params(self, flat_inputs: list[object]) -> dict[str, int]:
+        return {"top": 1, "left": 2, "height": 3, "width": 4}
+
+
+@pytest.mark.parametrize("default_dtype", [torch.float32, torch.float64])
+def test_crop_boxes_are_torchvisions_draws_bit_for_bit(default_dtype: torch.dtype) -> None:
+    crops = [
+        v2.RandomResizedCrop(224),
+        v2.RandomResizedCrop(64, scale=(0.5, 0.9), ratio=(1.0, 1.0)),
+        v2.RandomResizedCrop((48, 64), scale=(0.02, 1.0), ratio=(0.5, 3.0)),
+    ]
+    # (1, 900) never fits in 10 draws: the central-crop fallback, on each side of the ratios
+    sizes = [(256, 341), (341, 256), (90, 500), (7, 5), (1, 1), (1, 900), (900, 1), (64, 64)]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(default_dtype)  # torchvision draws on torch.empty(1): this dtype
+    try:
+        for seed in range(12):
+            for crop in crops:
+                for height, width in sizes:
+                    torch.manual_seed(seed)
+                    size = torch.empty(1, dtype=torch.uint8).expand(3, height, width)
+                    params = crop.make_params([size])
+                    after = torch.randint(2**62, (1,))
+                    torch.manual_seed(seed)
+                    box = draw_crop_box(crop, height, width)
+                    assert box == tuple(params[key] for key in ("top", "left", "height", "width"))
+                    assert torch.equal(torch.randint(2**62, (1,)), after)  # the same draws
+    finally:
+        torch.set_default_dtype(previous)
+    assert draw_crop_box(_Centre(8), 100, 100) == (1, 2, 3, 4)
 
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]

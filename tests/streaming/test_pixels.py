@@ -27,13 +27,14 @@ from shardstream import (
     build_shards,
     make_view,
 )
-from shardstream._format.codecs import encode_pixels
+from shardstream._format.codecs import encode_pixels, pixel_array
 from shardstream.streaming._decoding.fastcrop import (
     PendingImage,
     crop_decoder_for,
-    crop_pixels,
     decode_image,
+    draw_crop_box,
     pixel_tensor,
+    resize_pixel_crop,
 )
 from shardstream.streaming._options import stream_quotas
 from shardstream.streaming._worker.batch import stack_or_list
@@ -97,6 +98,12 @@ def _stored(member: bytes) -> np.ndarray:
     return np.load(io.BytesIO(member), allow_pickle=False)
 
 
+def crop_pixels(crop: v2.RandomResizedCrop, out_size: tuple[int, int], member: object) -> object:
+    """The CPU path's crop of a pixel member, unflipped: drawn, cut and resized."""
+    array = pixel_array(member, "")
+    return resize_pixel_crop(array, draw_crop_box(crop, *array.shape[:2]), out_size)[0]
+
+
 def test_crops_are_drawn_as_the_jpeg_path_draws_them() -> None:
     transform = train_transform(48)
     decoder = crop_decoder_for(transform, "rgb8")
@@ -133,6 +140,45 @@ def test_the_crop_is_torchvisions_resized_crop_pixel_for_pixel(seed: int) -> Non
         box = params["top"], params["left"], params["height"], params["width"]
         expected = v2.functional.resized_crop(image, *box, [48, 64], antialias=True)
         assert torch.equal(ours, expected), (seed, draw, box)
+
+
+@pytest.mark.parametrize("out_side", [224, 48, 5])
+def test_the_resize_commutes_with_flips_at_every_size(out_side: int) -> None:
+    # The CPU path flips the crop before resizing it, a mirror as one reversal of each row's
+    # bytes (channels last to first): the same pixels as flipping after, for every size.
+    rng = np.random.default_rng(out_side)
+    for side in range(1, 520):
+        wide = rng.integers(0, 256, (2, side, 3), dtype=np.uint8)
+        plain, reversed_channels = resize_pixel_crop(wide, (0, 0, 2, side), (2, out_side))
+        mirrored, reversed_channels = resize_pixel_crop(
+            wide, (0, 0, 2, side), (2, out_side), mirror=True
+        )
+        assert reversed_channels and torch.equal(mirrored.flip(0), plain.flip(-1)), side
+        tall = rng.integers(0, 256, (side, 2, 3), dtype=np.uint8)
+        plain, _ = resize_pixel_crop(tall, (0, 0, side, 2), (out_side, 2))
+        upside_down, reversed_channels = resize_pixel_crop(
+            tall, (0, 0, side, 2), (out_side, 2), upside_down=True
+        )
+        assert not reversed_channels and torch.equal(upside_down, plain.flip(-2)), side
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_flipped_crops_are_torchvisions_to_the_bit(batched: bool) -> None:
+    flips = [v2.RandomHorizontalFlip(), v2.RandomVerticalFlip(), v2.RandomHorizontalFlip(0.3)]
+    transform = v2.Compose([v2.RandomResizedCrop((20, 28), scale=(0.05, 1.0)), *flips])
+    decoder = crop_decoder_for(transform, "rgb8", batched)
+    assert decoder is not None
+    rng = np.random.default_rng(0)
+    stored = [rng.integers(0, 256, (int(h), int(w), 3), dtype=np.uint8)
+              for h, w in rng.integers(8, 90, (24, 2))]  # fmt: skip
+    torch.manual_seed(3)
+    ours = [decoder(encode_pixels(image), "pixels.npy") for image in stored]
+    if batched:
+        ours = list(stack_or_list(ours, True))
+    torch.manual_seed(3)
+    for image, got in zip(stored, ours, strict=True):
+        expected = transform(tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1)))
+        assert torch.equal(got, expected.as_subclass(torch.Tensor))
 
 
 def test_pixels_are_read_in_place_and_never_handed_out_shared() -> None:

@@ -2,11 +2,12 @@
 
 With ``decode="cuda"`` (see :mod:`.gpudecode`) a worker does not decode: it reads the image
 size from the header, draws the ``RandomResizedCrop`` box and the flips exactly as the CPU path
-would (the transform's own ``make_params``, then one ``torch.rand(1)`` per flip, in the same
-order, on the worker's RNG), and hands the encoded bytes on with those parameters. The decode,
-crop, resize, flips and normalisation then run on the device in the training process. A pixel
-member (``build --pixels``) has nothing to decode: its crop is drawn the same way and only the
-crop's pixels are handed over (``uint8`` height x width x 3, marked in the ``pixels`` column).
+would (the draws of the transform's own ``make_params``, then one ``torch.rand(1)`` per flip,
+in the same order, on the worker's RNG), and hands the encoded bytes on with those parameters.
+The decode, crop, resize, flips and normalisation then run on the device in the training
+process. A pixel member (``build --pixels``) has nothing to decode: its crop is drawn the same
+way and only the crop's pixels are handed over (``uint8`` height x width x 3, marked in the
+``pixels`` column).
 
 A :class:`CropRecipe` says what the fused steps after the crop do (the output size, dtype and
 per-channel affine map of ``ToDtype``/``Normalize``); an :class:`EncodedBatch` carries the
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from shardstream._format.codecs import is_pixels, pixel_array
-from shardstream.streaming._decoding.fastcrop import draw_pixel_crop
+from shardstream.streaming._decoding.fastcrop import draw_crop_box, draw_pixel_crop
 
 __all__ = [
     "PARAM_COLUMNS",
@@ -180,8 +181,8 @@ class CropDraw:
     def __call__(self, data: Any, extension: str) -> EncodedImage:
         """``data`` with its parameter row (:data:`PARAM_COLUMNS`); key and URL left empty.
 
-        A pixel member's crop is drawn from its stored size (the same draws as
-        :func:`~.fastcrop.crop_pixels`) and only the crop's pixels are handed over.
+        A pixel member's crop is drawn from its stored size (:func:`~.fastcrop.draw_crop_box`,
+        as the CPU path draws) and only the crop's pixels are handed over.
 
         Raises:
             Exception: The header does not open as an image (PIL's error), or a pixel member is
@@ -194,19 +195,14 @@ class CropDraw:
             row = (*box, *self._flips(), height, width, 1)
             return EncodedImage(crop.reshape(-1).data, row, "", "", self.recipe)
         image = Image.open(io.BytesIO(data))  # reads the header only
-        params = self.crop.make_params([image])
         width, height = image.size
-        box = (params["top"], params["left"], params["height"], params["width"])
+        box = draw_crop_box(self.crop, height, width)
         return EncodedImage(data, (*box, *self._flips(), height, width, 0), "", "", self.recipe)
 
     def _flips(self) -> tuple[int, int]:
         """``(hflip, vflip)``: one ``torch.rand(1)`` per flip step, in order, as the v2 steps."""
-        import torch
-
-        flip_of = {-1: 0, -2: 0}
-        for probability, dim in self.tail.flips:
-            flip_of[dim] ^= int(torch.rand(1) < probability)  # two flips on one axis cancel
-        return flip_of[-1], flip_of[-2]
+        horizontal, vertical = self.tail.draw_flips()
+        return int(horizontal), int(vertical)
 
 
 class KeepEncoded:
