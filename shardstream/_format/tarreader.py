@@ -445,13 +445,16 @@ def parse_plain_sample(view: memoryview, url: str, begin: int) -> Sample | None:
     sample: Sample | None = None
     position, name, size_override = 0, None, None
     while position < length:
-        header = bytes(view[position : position + BLOCK])
         start = position + BLOCK
-        parsed = usual_header(header) if name is None else None
+        # The usual header is read from the view in place; any other is copied and parsed.
+        parsed = usual_header(view, position) if name is None else None
         if parsed is not None:
             size, kind, member = parsed
             parts = split_key(member)
         else:
+            header = bytes(view[position:start])
+            if len(header) < BLOCK:  # an index offset off the tar's blocks
+                return None
             try:
                 size, kind = check_header(header, url, begin + position)
                 if kind in (b"x", b"L"):  # a PAX or GNU long-name header for the next member

@@ -258,6 +258,10 @@ def test_header_byte_sum_is_exact_for_any_block() -> None:
     blocks += [bytes(rng.choice(edges) for _ in range(512)) for _ in range(500)]
     for block in blocks:
         assert byte_sum(block) == sum(block)
+    # A block inside a larger buffer (a shard's memory map) is summed in place, at its offset.
+    joined = memoryview(b"\x07" * 3 + b"".join(blocks[:50]))
+    for number, block in enumerate(blocks[:50]):
+        assert byte_sum(joined, 3 + 512 * number) == sum(block)
 
 
 def _headers_of_every_style() -> list[bytes]:
@@ -311,5 +315,11 @@ def test_the_usual_header_shortcut_agrees_with_the_careful_parse() -> None:
         size, kind = check_header(block, "x.tar", 0)  # raises if the shortcut let a bad one by
         assert quick == (size, kind, header_name(block))
     assert accepted >= len(blocks) // 3  # the usual headers do take the shortcut
+    # Read in place from a shard's bytes (a memoryview, at the block's offset): the same answers,
+    # and None for a block cut short at the end of the bytes.
+    joined = memoryview(b"\0" * 5 + b"".join(blocks + damaged))
+    for number, block in enumerate(blocks + damaged):
+        assert usual_header(joined, 5 + 512 * number) == usual_header(block)
+    assert usual_header(joined[:-1], 5 + 512 * (len(blocks + damaged) - 1)) is None
     # One flipped bit changes the byte sum or the stored checksum: the shortcut never takes it.
     assert all(usual_header(block) is None for block in damaged)

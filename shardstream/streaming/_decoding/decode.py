@@ -59,8 +59,12 @@ def split_sample(
         role = _ROLES.get(extension) or _role(extension)
         if role == _META:
             fields[extension] = value
-        elif image is None and role == _IMAGE:
-            image = _decode_one(value, extension, decode, min_side, sample)
+        elif image is None and role == _IMAGE:  # raw: the reader's buffer, as it is
+            image = (
+                value
+                if decode == "raw"
+                else _decode_one(value, extension, decode, min_side, sample)
+            )
         elif role == _LABEL and label == -1:
             try:
                 label = int(value if isinstance(value, bytes) else bytes(value))

@@ -156,7 +156,11 @@ class Batcher:
         # it was read would kill the process with SIGBUS. One fstat per map for the step; only
         # when something was lost is each sample checked, to raise or skip exactly those.
         lost = lost_bytes(v for s in samples if isinstance(s, dict) for v in s.values())
-        converted = [self._convert(sample, stats, lost is not None) for sample in samples]
+        if lost is None and self.on_error != "skip":  # errors raise as they come: no guard
+            convert = self.convert
+            converted = [None if sample is None else convert(sample) for sample in samples]
+        else:
+            converted = [self._convert(sample, stats, lost is not None) for sample in samples]
         kept = [value for value in converted if value is not None]
         if clock is not None:
             clock.samples += len(kept)
