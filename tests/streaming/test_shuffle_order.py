@@ -151,6 +151,30 @@ def test_chunk_sequence_locates_every_sample_once_across_any_cut() -> None:
     assert sorted(seen) == sorted((s, o) for s, n in enumerate(counts) for o in range(n))
 
 
+@pytest.mark.parametrize("size", [1, 3, 64, 1000, 4097, 1 << 40])
+def test_chunk_order_many_is_the_order_of_each(size: int) -> None:
+    order = ChunkOrder.seeded(size, [3, 1])
+    numbers = np.random.default_rng(size).integers(0, size, 500)
+    assert order.many(numbers).tolist() == [order(number) for number in numbers.tolist()]
+
+
+@pytest.mark.parametrize(("chunk_size", "shuffle"), [(4, True), (3, True), (1, True), (4, False)])
+def test_a_windows_ranges_located_at_once_are_those_located_one_by_one(
+    chunk_size: int, shuffle: bool
+) -> None:
+    """Short ranges (a window's), long ones across shards and the short last chunk, empty ones."""
+    counts = np.array([7, 0, 13, 5, 9, 11, 2, 40])
+    shards = ShardSequence(counts, np.array([4, 0, 5, 1, 2, 3, 7, 6]))
+    sequence = ChunkSequence(shards, chunk_size, [9, 0], shuffle)
+    rng = np.random.default_rng(chunk_size)
+    ranges = [(0, 0), (0, sequence.length), (sequence.length - 2, sequence.length)]
+    for _ in range(300):
+        start = int(rng.integers(0, sequence.length))
+        ranges.append((start, min(sequence.length, start + int(rng.integers(0, 12)))))
+    assert sequence.locate_many(ranges) == [sequence.locate(a, b) for a, b in ranges]
+    assert sequence.locate_many([]) == []
+
+
 #: Remote shards, small dataset, many worker streams: the reads the guide recommends when each
 #: rank's batches must mix (they are ~0.2 MiB here, against the default remote order's ~1.1 MiB).
 MIXING_REMOTE = {"chunk_size": 256, "num_open": 512, "piece_size": 128, "block_size": 128}

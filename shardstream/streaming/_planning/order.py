@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -64,6 +65,14 @@ def _mix(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
     return value ^ (value >> 31)
+
+
+def _mix_all(values: np.ndarray) -> np.ndarray:
+    """:func:`_mix` of every ``uint64`` value (numpy's products wrap modulo 2**64, as the mask
+    does)."""
+    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
 
 
 class ChunkOrder:
@@ -110,6 +119,23 @@ class ChunkOrder:
             value = self._once(value)
         return value
 
+    def _once_all(self, values: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self._half), np.uint64(self._half_mask)
+        left, right = values >> half, values & mask
+        for key in self._keys:
+            left, right = right, left ^ (_mix_all(right ^ np.uint64(key)) & mask)
+        return (left << half) | right
+
+    def many(self, numbers: np.ndarray) -> np.ndarray:
+        """Where each chunk of ``numbers`` comes from (what calling the order on each gives),
+        in a few numpy calls."""
+        values = self._once_all(numbers.astype(np.uint64))
+        walking = np.flatnonzero(values >= self.num_chunks)
+        while len(walking):
+            values[walking] = self._once_all(values[walking])
+            walking = walking[values[walking] >= self.num_chunks]
+        return values.astype(np.int64)
+
 
 class ChunkSequence(BaseSequence):
     """An epoch's samples: chunks of shard-ordered samples, in a seeded order.
@@ -145,6 +171,45 @@ class ChunkSequence(BaseSequence):
         if number >= self.num_full or self.order is None:
             return position
         return self.order(number) * self.chunk_size + offset
+
+    def locate_many(self, ranges: Sequence[tuple[int, int]]) -> list[list[Run]]:
+        """:meth:`locate` of each range ``(start, stop)``, the chunks of all of them ordered
+        and found in their shards at once (a window's ranges: hundreds of short ones)."""
+        found: list[list[Run]] = [[] for _ in ranges]
+        if not ranges:
+            return found
+        bounds = np.array(ranges, dtype=np.int64).reshape(-1, 2)
+        starts, stops = bounds[:, 0], bounds[:, 1]
+        size, full_end = self.chunk_size, self.num_full * self.chunk_size
+        # Each range's pieces: cut at chunk boundaries below the last full chunk, one past it.
+        first_chunks = starts // size
+        chunked_ends = np.minimum(stops, full_end)
+        num_chunked = np.where(
+            chunked_ends > starts, (chunked_ends - 1) // size - first_chunks + 1, 0
+        )
+        counts = num_chunked + (stops > np.maximum(starts, full_end))
+        owners = np.repeat(np.arange(len(starts)), counts)
+        steps = np.arange(len(owners)) - np.repeat(np.cumsum(counts) - counts, counts)
+        tails = steps >= num_chunked[owners]
+        chunks = first_chunks[owners] + steps
+        begins = np.where(tails, np.maximum(starts[owners], full_end),
+                          np.maximum(starts[owners], chunks * size))  # fmt: skip
+        ends = np.where(tails, stops[owners], np.minimum(stops[owners], (chunks + 1) * size))
+        inner = begins.copy()  # the shard-ordered position of each piece's start
+        if self.order is not None and not tails.all():
+            chunked = ~tails
+            offsets = begins[chunked] - chunks[chunked] * size
+            inner[chunked] = self.order.many(chunks[chunked]) * size + offsets
+        pieces, shards, firsts, run_stops, positions = self.shards.spans(
+            inner, inner + ends - begins
+        )
+        positions += begins[pieces] - inner[pieces]
+        for piece, shard, first, stop, position in zip(
+            owners[pieces].tolist(), shards.tolist(), firsts.tolist(), run_stops.tolist(),
+            positions.tolist(), strict=True,
+        ):  # fmt: skip
+            found[piece].append(Run(shard, first, stop, position))
+        return found
 
     def locate(self, start: int, stop: int) -> list[Run]:
         """The runs holding positions ``[start, stop)`` (within ``[0, length)``), in order."""

@@ -15,7 +15,7 @@ A *run* is ``(shard, first, stop, position)``: samples ``[first, stop)`` of shar
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -67,6 +67,10 @@ class BaseSequence(abc.ABC):
     def locate(self, start: int, stop: int) -> list[Run]:
         """The runs holding positions ``[start, stop)``, in order."""
 
+    def locate_many(self, ranges: Sequence[tuple[int, int]]) -> list[list[Run]]:
+        """:meth:`locate` of each range ``(start, stop)`` (a sequence may answer them at once)."""
+        return [self.locate(start, stop) for start, stop in ranges]
+
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
     """The epoch's shard order: a permutation seeded by ``(seed, epoch)``, or ``0..n-1``.
@@ -110,6 +114,21 @@ class ShardSequence(BaseSequence):
         self.starts = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(ordered, dtype=np.int64, out=self.starts[1:])
         self.length = int(self.starts[-1])
+
+    def spans(self, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The runs of each non-empty range ``[starts[i], stops[i])`` at once, as arrays:
+        ``(range, shard, first, stop, position)``, one entry per run, in order."""
+        first_slots = np.searchsorted(self.starts, starts, side="right") - 1
+        last_slots = np.searchsorted(self.starts, stops - 1, side="right") - 1
+        counts = last_slots - first_slots + 1
+        ranges = np.repeat(np.arange(len(starts)), counts)
+        slots = np.arange(len(ranges)) - np.repeat(np.cumsum(counts) - counts, counts)
+        slots += first_slots[ranges]
+        begins = self.starts[slots]
+        positions = np.maximum(starts[ranges], begins)
+        ends = np.minimum(stops[ranges], self.starts[slots + 1])
+        shards = self.order[slots].astype(np.int64)
+        return ranges, shards, positions - begins, ends - begins, positions
 
     def locate(self, start: int, stop: int) -> list[Run]:
         """The runs holding positions ``[start, stop)`` (within ``[0, length)``)."""

@@ -206,24 +206,34 @@ def _window_runs(
 ) -> tuple[list[Run], list[int], list[int]]:
     """Window ``index``'s runs lane by lane, each run's lane, and which runs are fillers."""
     piece, real_end = shape.piece_size, shape.real_end(rank)
-    runs: list[Run] = []
-    run_lanes: list[int] = []
-    filler_runs: list[int] = []  # "mask": runs past the rank part's real end (the last rank's)
+    # The window's rank-part ranges, lane by lane: (lane, first, end, holds fillers).
+    parts: list[tuple[int, int, int, bool]] = []
     for lane, length in enumerate(lanes.lengths.tolist()):
         start, stop = index * piece, min((index + 1) * piece, length)
         for first, end in lanes.rank_ranges(lane, start, stop):
             if end > real_end:  # split at the real end: fillers come after it
                 if first < real_end:
-                    found = part_runs(sequence, shape, rank, first, real_end)
-                    runs.extend(found)
-                    run_lanes.extend([lane] * len(found))
+                    parts.append((lane, first, real_end, False))
                     first = real_end
-                found = part_runs(sequence, shape, rank, first, end)
-                filler_runs.extend(range(len(runs), len(runs) + len(found)))
+                parts.append((lane, first, end, True))  # "mask": past the last rank's real end
             else:
-                found = part_runs(sequence, shape, rank, first, end)
-            runs.extend(found)
-            run_lanes.extend([lane] * len(found))
+                parts.append((lane, first, end, False))
+    # Their base ranges, located all at once (a window has hundreds).
+    owners: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    for number, (_, first, end, _) in enumerate(parts):
+        found = part_base_ranges(sequence, shape, rank, first, end)
+        owners.extend([number] * len(found))
+        ranges.extend(found)
+    runs: list[Run] = []
+    run_lanes: list[int] = []
+    filler_runs: list[int] = []
+    for owner, located in zip(owners, sequence.base.locate_many(ranges), strict=True):
+        lane, _, _, fillers = parts[owner]
+        if fillers:
+            filler_runs.extend(range(len(runs), len(runs) + len(located)))
+        runs.extend(located)
+        run_lanes.extend([lane] * len(located))
     return runs, run_lanes, filler_runs
 
 
