@@ -17,9 +17,9 @@ the order's numbers that shardstream picks for these shards on an object store:
   many, their mean and median size, how many under 0.5 MiB, and the other requests (indexes).
 
 A stream of ``R x W`` on a dataset of ``B`` bytes holds ``B / (R W)``: with reads of 1 MiB or
-more, a stream of 4 x 2 on 400 MB sees at most 49 of the 200 classes in its whole epoch, which
-caps its batches at about 0.65 of random's distinct classes; the larger datasets show what
-the order gives when that cap is gone.
+more, a stream of 4 x 2 on 400 MB sees at most 47 of the 200 classes in its whole epoch, which
+caps its batches at 0.86 of random's distinct classes (47 of 54.9), even if each held all
+47; the larger datasets show what the order gives when that cap is gone.
 
 Usage: python benchmarks/remote_order.py [--shards 200 2000 8000] [--ranks 4] [--workers 2]
 """
