@@ -86,7 +86,7 @@ class StreamOptions:
         interleave: How a window's pieces take turns. ``"stratified"`` (the default) spreads
             each piece evenly over its window at a random phase, so every stretch of
             ``num_open`` samples holds about one sample of each piece, in a random order: a
-            batch holds samples of ``min(batch, num_open)`` places. ``"uniform"`` interleaves
+            batch holds samples of about ``min(batch, num_open)`` places. ``"uniform"`` interleaves
             them uniformly at random, the order of shardstream 0.2 and earlier (a batch of 64
             from 73 pieces then holds about 42 of them); pass it to continue an epoch from a
             state those versions saved.

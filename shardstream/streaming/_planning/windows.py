@@ -281,8 +281,9 @@ def interleave_labels(lengths: np.ndarray, rng: np.random.Generator, kind: str) 
     run ``i``'s ``k``-th sample goes to key ``(k + u) / n_i`` with ``u`` uniform in [0, 1) per
     sample, and the outputs follow the keys. Each run is spread evenly over the window at a
     random phase, so every stretch of ``r`` outputs of equal runs holds one sample of each run,
-    in a random order: a batch holds samples of ``min(b, r)`` runs, as many places as a random
-    permutation's batch draws from when the runs come from all over the dataset.
+    in a random order: a batch holds samples of about ``min(b, r)`` runs (a batch that spans
+    two such stretches may take a run from each), as many places as a random permutation's
+    batch draws from when the runs come from all over the dataset.
 
     Examples:
         >>> rng = np.random.default_rng(0)
