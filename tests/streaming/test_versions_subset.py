@@ -78,3 +78,45 @@ def test_a_dataset_made_on_one_rank_alone_does_not_hang(tmp_path: pathlib.Path) 
     # The training dataset every rank made afterwards still splits one version exactly.
     assert zero["version"] == one["version"] == 1 and zero["len"] == one["len"] == 6
     assert sorted(zero["keys"] + one["keys"]) == sorted(zero["alone"] + one["alone"])
+
+
+def _run_local(rank: int, root: str, store: str, work: str, day2: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=30),
+    )  # fmt: skip
+    try:
+        result: dict[str, object] = {}
+        if rank == 0:  # the whole dataset, on rank 0 alone, then an append lands
+            alone = _make(root, rank=0, world_size=1)
+            result["alone"], result["alone_version"] = keys_of(alone), alone.version
+            build_shards(day2, root, append=True, **BUILD)
+        dist.barrier()
+        training = _make(root)  # then every rank makes the training dataset
+        result["version"], result["len"] = training.version, len(training)
+        result["keys"] = keys_of(training)
+        dist.barrier()
+        pathlib.Path(work, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+    exit_rank_cleanly()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_rank_local_dataset_takes_no_part_in_the_version_agreement(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A dataset given ``rank=0, world_size=1`` on one rank (the guide's advice for a rank-local
+    evaluation of the training source) does not shift the count by which the ranks match the
+    datasets they make later: after an append, every rank's training dataset reads the same,
+    newer version."""
+    root = tmp_path / "ds"
+    build_shards(write_day(tmp_path / "day1", 1, per_class=6), root, **BUILD)  # 12 samples
+    day2 = write_day(tmp_path / "day2", 2, per_class=3)  # 6 more
+    args = (str(root), str(tmp_path / "store"), str(tmp_path), str(day2))
+    spawn_ranks(_run_local, args=args, nprocs=WORLD, join=True)
+    zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
+    assert len(zero["alone"]) == 12 and zero["alone_version"] == 1  # the whole of version 1
+    assert zero["version"] == one["version"] == 2 and zero["len"] == one["len"] == 9
+    assert len(set(zero["keys"] + one["keys"])) == 18
