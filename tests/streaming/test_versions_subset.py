@@ -9,10 +9,12 @@ timeout instead of hanging it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import pathlib
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
@@ -33,13 +35,26 @@ def _make(root: str, **options: object) -> StreamingDataset:
     )
 
 
-def _run(rank: int, root: str, store: str, work: str) -> None:
+@contextlib.contextmanager
+def _rank(rank: int, store: str, work: str) -> Iterator[dict[str, object]]:
+    """This rank in a gloo group of ``WORLD`` (30 s timeout); what it puts in the dict it is
+    given is written to ``work/rank<r>.json`` at the end, after a last barrier."""
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=30),
     )  # fmt: skip
     try:
         result: dict[str, object] = {}
+        yield result
+        dist.barrier()
+        pathlib.Path(work, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+    exit_rank_cleanly()
+
+
+def _run(rank: int, root: str, store: str, work: str) -> None:
+    with _rank(rank, store, work) as result:
         started = time.monotonic()
         if rank == 0:  # evaluation on rank 0 alone, through real DataLoader workers, following
             alone = _make(root, follow_versions=True)  # new versions (set_epoch looks for one)
@@ -57,11 +72,6 @@ def _run(rank: int, root: str, store: str, work: str) -> None:
         training = _make(root)  # then every rank makes the training dataset
         result["version"], result["len"] = training.version, len(training)
         result["keys"] = keys_of(StreamingDataLoader(training, num_workers=2))
-        dist.barrier()
-        pathlib.Path(work, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-    exit_rank_cleanly()
 
 
 @pytest.mark.slow
@@ -81,12 +91,7 @@ def test_a_dataset_made_on_one_rank_alone_does_not_hang(tmp_path: pathlib.Path) 
 
 
 def _run_local(rank: int, root: str, store: str, work: str, day2: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-        timeout=datetime.timedelta(seconds=30),
-    )  # fmt: skip
-    try:
-        result: dict[str, object] = {}
+    with _rank(rank, store, work) as result:
         if rank == 0:  # the whole dataset, on rank 0 alone, then an append lands
             alone = _make(root, rank=0, world_size=1)
             result["alone"], result["alone_version"] = keys_of(alone), alone.version
@@ -95,11 +100,6 @@ def _run_local(rank: int, root: str, store: str, work: str, day2: str) -> None:
         training = _make(root)  # then every rank makes the training dataset
         result["version"], result["len"] = training.version, len(training)
         result["keys"] = keys_of(training)
-        dist.barrier()
-        pathlib.Path(work, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-    exit_rank_cleanly()
 
 
 @pytest.mark.slow
