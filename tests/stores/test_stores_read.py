@@ -115,7 +115,10 @@ def test_a_fresh_worker_asks_for_its_first_pieces_after_one_round_of_indexes(
     gets = [target for method, target in http_store.proxy.requests if method == "GET"]
     first_piece = next(n for n, target in enumerate(gets) if ".tar" in target)
     before = sum(".idx" in target for target in gets[:first_piece])
-    assert 0 < before <= 64, f"{before} index GETs before the first piece's"
+    # The rest of the window's index reads start while the first pieces' GETs do, from other
+    # threads, so a few of them may reach the server first (65 seen on a loaded machine);
+    # before, every index of the window came first (at least num_shards).
+    assert 0 < before <= 64 + 32 and before < num_shards, f"{before} index GETs first"
     assert sum(".idx" in target for target in gets) >= num_shards, "the window's others follow"
 
 
