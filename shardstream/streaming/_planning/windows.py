@@ -41,7 +41,6 @@ __all__ = [
     "build_window",
     "interleave_labels",
     "part_base_ranges",
-    "part_runs",
     "planned_batches",
     "stream_samples",
     "window_seed",
@@ -189,16 +188,6 @@ def _pass_ranges(shape: Shape, rank: int, start: int, stop: int) -> list[tuple[i
         ranges.append((offset, offset + take))
         position += take
     return ranges
-
-
-def part_runs(sequence: PassSequence, shape: Shape, rank: int, start: int, stop: int) -> list[Run]:
-    """The runs behind rank-part positions ``[start, stop)`` of plan rank ``rank``."""
-    base = sequence.base
-    return [
-        run
-        for first, end in part_base_ranges(sequence, shape, rank, start, stop)
-        for run in base.locate(first, end)
-    ]
 
 
 def _window_runs(
